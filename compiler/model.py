@@ -1,0 +1,590 @@
+"""The spec model: one frozen dataclass per spec concept, built from validated YAML.
+
+~~~ DATA MODEL ~~~
+Every object carries `loc`, the place in the spec it came from, so that later stages
+(check, lowering) can report errors at the user's line. Symbolic sizes are evaluated here
+with the safe evaluator in expr.py, against the spec's params; the original text is kept
+for messages and for the generated code's comments.
+
+Parsing assumes the shape was already validated by schema.py; it still gathers (never
+raises on) semantic problems it meets while evaluating expressions, because those need the
+params environment that the schema cannot see.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from .diagnostics import Diagnostics, Location
+from .expr import ExprError, evaluate, names_in
+from .yaml_loader import Located
+
+UINT32_MAX = 2**32 - 1
+
+# Bytes per element of every dtype a spec may name.
+DTYPE_BYTES = {
+    "bfloat16": 2, "float16": 2, "float32": 4, "float64": 8,
+    "float8_e4m3fn": 1, "float8_e5m2": 1,
+    "int8": 1, "uint8": 1, "int16": 2, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8,
+}  # fmt: skip
+
+KNOWN_BACKENDS = ("mooncake", "nixl", "mori", "local")
+
+
+class IndexKind(enum.Enum):
+    PAGE = "page"  # item = one KV page; request sends its page ids
+    SLOT = "slot"  # item = one request's state (req_pool_idx / mamba slot)
+    RING = "ring"  # R rows per request: row = slot * R + pos % R
+    WINDOW = "window"  # pages of the last W tokens only
+    AUX = "aux"  # one metadata row per request
+
+
+class Send(enum.Enum):
+    EVERY_CHUNK = "every_chunk"
+    LAST_CHUNK = "last_chunk"
+
+
+@dataclass(frozen=True, slots=True)
+class Param:
+    name: str
+    value: int
+    text: str  # as written: "2 * key_dim + value_dim" or "48"
+    loc: Location
+
+
+@dataclass(frozen=True, slots=True)
+class DraftBand:
+    """MTP / EAGLE draft layers: their own band of global ids, after the real layers."""
+
+    kind: str
+    count: int
+    first_id: int
+    loc: Location
+
+    @property
+    def ids(self) -> tuple[int, ...]:
+        return tuple(range(self.first_id, self.first_id + self.count))
+
+
+@dataclass(frozen=True, slots=True)
+class Layers:
+    count: int  # real (non-draft) layers; global ids 0..count-1
+    kind_of: tuple[tuple[int, str], ...]  # (global id, kind) for real and draft layers, sorted
+    draft: DraftBand | None
+    pattern: tuple[str, ...]  # empty when explicit `kinds` were given
+    loc: Location
+
+    def kinds(self) -> dict[int, str]:
+        return dict(self.kind_of)
+
+    def ids_of_kind(self, kind: str) -> tuple[int, ...]:
+        return tuple(i for i, k in self.kind_of if k == kind)
+
+    @property
+    def all_kinds(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(k for _, k in self.kind_of))
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    shape: tuple[int, ...]  # elements per axis
+    shape_text: tuple[str, ...]  # each axis as written in the spec
+    dtype: str
+    loc: Location
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def nbytes(self) -> int:
+        n = self.dtype_bytes
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """TP rule `shard: dim`: the axis is split across attention-TP ranks.
+
+    The axis holds `sum(groups)` elements made of independent sub-blocks (`groups`; a single
+    group when none are given); each sub-block is split into `unit`-element units (a head)
+    and sharded across ranks on its own, so a rank holds a slice of every sub-block and no
+    slice ever crosses a sub-block boundary. When a sub-block has fewer units than TP ranks,
+    units are replicated: rank r holds unit r // (tp / units) (GQA replication).
+    """
+
+    axis: int
+    groups: tuple[int, ...]  # elements per sub-block, in item order
+    unit: int  # elements per shard unit (1 = shard per element/head index)
+    loc: Location
+
+
+@dataclass(frozen=True, slots=True)
+class Component:
+    name: str
+    layer_ids: tuple[int, ...]  # global layer ids, sorted; empty for request-wide state
+    request_wide: bool
+    sentinel: int | None  # uint32 id carried on the wire instead of a layer id
+    index: IndexKind
+    ring_rows: int  # rows per request for RING, else 1
+    window_tokens: int  # W for WINDOW, else 0
+    tensors: tuple[str, ...]
+    item: Item
+    shard: Shard | None  # None = replicated across attention TP
+    send: Send
+    stages: str  # "all" | "first" | "last" | "kind:<k>" (request-wide state only)
+    loc: Location
+    why: str = ""  # the spec's own explanation, copied into generated code as a comment
+
+
+@dataclass(frozen=True, slots=True)
+class Constraint:
+    expr: str
+    why: str
+    loc: Location
+
+
+@dataclass(frozen=True, slots=True)
+class BackendRule:
+    name: str
+    hetero_attention_tp: bool  # may prefill and decode attention TP differ?
+    max_pp: int | None  # largest pipeline size the backend's protocol supports
+    why: str
+    loc: Location
+
+
+@dataclass(frozen=True, slots=True)
+class SideSpec:
+    """One side of a deployment as written (defaults are applied by the topology stage)."""
+
+    tp: int
+    pp: int
+    dp: int
+    page_size: int | None
+    stages: tuple[tuple[int, ...], ...] | None  # explicit per-stage layer lists
+    loc: Location
+
+
+@dataclass(frozen=True, slots=True)
+class Deployment:
+    prefill: SideSpec
+    decode: SideSpec
+    backend: str
+    expect_rejected: bool
+    error: str  # substring a rejection must contain
+    loc: Location
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    family: str
+    params: tuple[Param, ...]
+    layers: Layers
+    components: tuple[Component, ...]  # spec order: the wire order
+    constraints: tuple[Constraint, ...]
+    backends: tuple[BackendRule, ...]
+    deployments: tuple[Deployment, ...]
+    path: str
+    loc: Location
+    description: str = ""
+    raw: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    @property
+    def env(self) -> dict[str, int]:
+        return {p.name: p.value for p in self.params}
+
+    def component(self, name: str) -> Component:
+        for c in self.components:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    def backend(self, name: str) -> BackendRule | None:
+        for b in self.backends:
+            if b.name == name:
+                return b
+        return None
+
+    @property
+    def py_name(self) -> str:
+        """Python identifier of the family (generated/<py_name>/)."""
+        return self.family.replace("-", "_")
+
+
+# ~~~ PARSING ~~~
+
+
+def _ids(items: list, doc: Located, path: tuple, diags: Diagnostics) -> list[int]:
+    out = []
+    for i, it in enumerate(items):
+        if isinstance(it, dict):
+            lo, hi = it["from"], it["to"]
+            if hi < lo:
+                diags.error(doc.loc(path + (i,)), f"layer range from {lo} to {hi} is empty",
+                            "write `from` <= `to` (both inclusive)")
+            out.extend(range(lo, hi + 1))
+        else:
+            out.append(it)
+    return out
+
+
+class _Parser:
+    def __init__(self, doc: Located, diags: Diagnostics):
+        self.doc = doc
+        self.diags = diags
+        self.env: dict[str, int] = {}
+        # Params whose own definition failed (already reported): an expression using one of
+        # them is skipped silently instead of reporting "unknown name" a second time.
+        self.failed: set[str] = set()
+
+    def eval(self, value, path: tuple, what: str, env: dict | None = None) -> int | None:
+        try:
+            if isinstance(value, str) and names_in(value) & self.failed:
+                return None
+            v = evaluate(value, self.env if env is None else env)
+        except ExprError as e:
+            self.diags.error(self.doc.loc(path), f"{what}: {e}",
+                             "expressions use integer params, + - * // % ** and min/max")
+            return None
+        if isinstance(v, bool):
+            self.diags.error(self.doc.loc(path), f"{what}: '{value}' is a condition, not a size",
+                             "write an integer expression")
+            return None
+        return v
+
+    def params(self, raw: dict) -> tuple[Param, ...]:
+        out = []
+        pending = dict(raw)
+        # Params may refer to each other in any order; resolve until no progress.
+        while pending:
+            progressed = False
+            for name, value in list(pending.items()):
+                try:
+                    deps = names_in(value) if isinstance(value, str) else set()
+                except ExprError:
+                    deps = set()  # evaluate() reports the syntax error below
+                if deps & set(pending):
+                    continue  # wait until the params it uses are known
+                v = self.eval(value, ("params", name), f"param '{name}'")
+                del pending[name]
+                progressed = True
+                if v is None:
+                    self.failed.add(name)
+                else:
+                    self.env[name] = v
+                    out.append(Param(name, v, str(value), self.doc.loc(("params", name))))
+            if not progressed:
+                self.failed.update(pending)
+                cycle = _cycle_members(pending)
+                first = next(n for n in raw if n in cycle)
+                if len(cycle) == 1:
+                    msg = f"param '{first}' refers to itself"
+                else:
+                    msg = f"params refer to each other in a cycle: {', '.join(sorted(cycle))}"
+                self.diags.error(self.doc.loc(("params", first)), msg,
+                                 "give one of them a literal value")
+                break
+        order = {n: i for i, n in enumerate(raw)}
+        return tuple(sorted(out, key=lambda p: order[p.name]))
+
+    def layers(self, raw: dict) -> Layers:
+        loc = self.doc.loc(("layers",))
+        kind_of: dict[int, str] = {}
+        pattern: tuple[str, ...] = ()
+        count = 0
+        if "pattern" in raw:
+            count = self.eval(raw["count"], ("layers", "count"), "layer count") or 0
+            pattern = tuple(raw["pattern"])
+            if count < 1:
+                self.diags.error(self.doc.loc(("layers", "count")),
+                                 f"layer count must be at least 1, got {count}",
+                                 "set `count` to the model's num_hidden_layers")
+            if count % len(pattern):
+                self.diags.error(self.doc.loc(("layers", "pattern")),
+                                 f"pattern of {len(pattern)} kinds does not divide {count} layers",
+                                 "make the layer count a multiple of the pattern length, or list "
+                                 "`kinds` explicitly")
+            kind_of = {i: pattern[i % len(pattern)] for i in range(max(count, 0))}
+        else:
+            for kind, items in raw["kinds"].items():
+                for i in _ids(items, self.doc, ("layers", "kinds", kind), self.diags):
+                    if i in kind_of:
+                        self.diags.error(self.doc.loc(("layers", "kinds", kind)),
+                                         f"layer {i} has two kinds: '{kind_of[i]}' and '{kind}'",
+                                         "every layer id has exactly one kind")
+                    else:
+                        kind_of[i] = kind
+            count = max(kind_of) + 1 if kind_of else 0
+            missing = sorted(set(range(count)) - set(kind_of))
+            if missing:
+                which = (f"layer {missing[0]} has" if len(missing) == 1
+                         else f"layers {_ranges(missing)} have")
+                self.diags.error(loc, f"{which} no kind",
+                                 "every layer id from 0 to the last one needs exactly one kind")
+        draft = None
+        if "draft" in raw:
+            d = raw["draft"]
+            dpath = ("layers", "draft")
+            n = self.eval(d["count"], dpath + ("count",), "draft layer count") or 0
+            first = count
+            if "first_id" in d:
+                first = self.eval(d["first_id"], dpath + ("first_id",), "draft first_id")
+                first = count if first is None else first
+            draft = DraftBand(d["kind"], n, first, self.doc.loc(dpath))
+            if draft.kind in set(kind_of.values()):
+                self.diags.error(self.doc.loc(dpath + ("kind",)),
+                                 f"draft kind '{draft.kind}' is also a kind of real layers",
+                                 "give draft (MTP/EAGLE) layers a kind of their own")
+            if first < count:
+                self.diags.error(self.doc.loc(dpath + ("first_id",)),
+                                 f"draft layer ids start at {first}, inside the real layers "
+                                 f"0..{count - 1}", f"start the draft band at {count} or later")
+                draft = DraftBand(d["kind"], n, count, draft.loc)  # go on as if it did
+            for i in draft.ids:
+                kind_of.setdefault(i, draft.kind)
+        return Layers(count, tuple(sorted(kind_of.items())), draft, pattern, loc)
+
+    def known_kinds(self, layers: Layers) -> set[str]:
+        """Kinds a selector may name: those of some layer, and the pattern's (even when a
+        bad layer count left the pattern without layers, to avoid a second error)."""
+        return set(layers.all_kinds) | set(layers.pattern)
+
+    def component(self, name: str, raw: dict, layers: Layers) -> Component | None:
+        base = ("components", name)
+        loc = self.doc.key_loc(base)
+        request_wide = raw["layers"] == "request"
+        layer_ids: tuple[int, ...] = ()
+        if raw["layers"] == "all":
+            layer_ids = tuple(range(layers.count))
+        elif not request_wide:
+            sel = raw["layers"]
+            known = self.known_kinds(layers)
+            if "kind" in sel or "kinds" in sel:
+                kinds = [sel["kind"]] if "kind" in sel else sel["kinds"]
+                key = "kind" if "kind" in sel else "kinds"
+                for k in kinds:
+                    if k not in known:
+                        self.diags.error(self.doc.loc(base + ("layers", key)),
+                                         f"component '{name}' names unknown layer kind '{k}'",
+                                         f"known kinds: {', '.join(sorted(known))}")
+                layer_ids = tuple(i for i, k in layers.kind_of if k in kinds)
+            else:
+                ids = _ids(sel["ids"], self.doc, base + ("layers", "ids"), self.diags)
+                valid = set(layers.kinds())
+                for i in ids:
+                    if i not in valid:
+                        self.diags.error(self.doc.loc(base + ("layers", "ids")),
+                                         f"component '{name}' names layer {i}, which does not "
+                                         f"exist", f"layer ids are 0..{layers.count - 1}"
+                                         + (" and the draft band" if layers.draft else ""))
+                if len(set(ids)) != len(ids):
+                    self.diags.error(self.doc.loc(base + ("layers", "ids")),
+                                     f"component '{name}' lists a layer id twice",
+                                     "list each layer once")
+                layer_ids = tuple(sorted(set(ids)))
+        sentinel = None
+        if "sentinel" in raw:
+            sentinel = self.eval(raw["sentinel"], base + ("sentinel",), "sentinel")
+            if not request_wide:
+                self.diags.error(self.doc.key_loc(base + ("sentinel",)),
+                                 f"component '{name}' has a sentinel but is not request-wide",
+                                 "sentinels are for `layers: request`; remove it")
+        elif request_wide:
+            self.diags.error(loc, f"request-wide component '{name}' needs a sentinel layer id",
+                             "add `sentinel: 0xFFFFFFFF` (or the next free id counting down)")
+
+        idx = raw["index"]
+        ring_rows, window = 1, 0
+        if isinstance(idx, dict):
+            if "ring" in idx:
+                index = IndexKind.RING
+                ring_rows = self.eval(idx["ring"], base + ("index", "ring"), "ring rows") or 0
+                if ring_rows < 1:
+                    self.diags.error(self.doc.loc(base + ("index", "ring")),
+                                     f"ring of component '{name}' has {ring_rows} rows",
+                                     "a ring needs at least one row")
+            else:
+                index = IndexKind.WINDOW
+                window = self.eval(idx["window"], base + ("index", "window"), "window") or 0
+                if window < 1:
+                    self.diags.error(self.doc.loc(base + ("index", "window")),
+                                     f"window of component '{name}' is {window} tokens",
+                                     "a window holds at least one token")
+        else:
+            index = IndexKind(idx)
+
+        item_raw = raw["item"]
+        shape, texts = [], []
+        shape_ok = True
+        for i, s in enumerate(item_raw["shape"]):
+            v = self.eval(s, base + ("item", "shape", i), f"item shape of '{name}'")
+            texts.append(str(s))
+            shape.append(v if v is not None else 1)
+            shape_ok = shape_ok and v is not None
+            if v is not None and v < 1:
+                self.diags.error(self.doc.loc(base + ("item", "shape", i)),
+                                 f"axis {i} ('{s}') of component '{name}' has size {v}",
+                                 "every axis has at least one element")
+        item = Item(tuple(shape), tuple(texts), item_raw["dtype"], self.doc.loc(base + ("item",)))
+
+        shard = None
+        if raw["tp"] != "replicated" and shape_ok:
+            shard = self.shard(name, raw["tp"], item, base + ("tp",))
+
+        default_send = Send.EVERY_CHUNK if index is IndexKind.PAGE else Send.LAST_CHUNK
+        send = Send(raw.get("send", default_send.value))
+        if send is Send.EVERY_CHUNK and index is not IndexKind.PAGE:
+            self.diags.error(self.doc.loc(base + ("send",)),
+                             f"component '{name}' is indexed by {index.value} but sent every chunk",
+                             "only page-indexed state is final after each chunk; use last_chunk")
+
+        stages = "all"
+        if "stages" in raw:
+            st = raw["stages"]
+            stages = f"kind:{st['with_kind']}" if isinstance(st, dict) else st
+            if not request_wide:
+                self.diags.error(self.doc.key_loc(base + ("stages",)),
+                                 f"component '{name}' sets `stages` but is not request-wide",
+                                 "per-layer state lives on the stage that holds its layer; "
+                                 "remove `stages`")
+            if isinstance(st, dict) and st["with_kind"] not in self.known_kinds(layers):
+                self.diags.error(self.doc.loc(base + ("stages", "with_kind")),
+                                 f"component '{name}' names unknown layer kind "
+                                 f"'{st['with_kind']}'",
+                                 f"known kinds: {', '.join(sorted(self.known_kinds(layers)))}")
+        tensors = tuple(raw.get("tensors", ["data"]))
+        if len(set(tensors)) != len(tensors):
+            self.diags.error(self.doc.loc(base + ("tensors",)),
+                             f"component '{name}' names a tensor twice", "tensor names are unique")
+        return Component(name, layer_ids, request_wide, sentinel, index, ring_rows, window,
+                         tensors, item, shard, send, stages, loc, raw.get("why", ""))
+
+    def shard(self, name: str, raw: dict, item: Item, path: tuple) -> Shard | None:
+        target = raw["shard"]
+        if isinstance(target, int):
+            axis = target
+            if axis >= len(item.shape):
+                self.diags.error(self.doc.loc(path + ("shard",)),
+                                 f"component '{name}' shards axis {axis}, but its item has "
+                                 f"{len(item.shape)} axes", "name an axis of `item.shape`")
+                return None
+        else:
+            matches = [i for i, t in enumerate(item.shape_text) if t.strip() == target.strip()]
+            if len(matches) != 1:
+                why = "no" if not matches else "more than one"
+                self.diags.error(self.doc.loc(path + ("shard",)),
+                                 f"component '{name}' shards '{target}', but {why} axis of its "
+                                 f"item shape is written that way",
+                                 f"item shape is [{', '.join(item.shape_text)}]; write one of "
+                                 "those names or an axis number")
+                return None
+            axis = matches[0]
+        size = item.shape[axis]
+        unit = 1
+        if "unit" in raw:
+            unit = self.eval(raw["unit"], path + ("unit",), f"shard unit of '{name}'") or 1
+            if unit < 1:
+                self.diags.error(self.doc.loc(path + ("unit",)),
+                                 f"shard unit of '{name}' is {unit}", "a unit is >= 1 element")
+                unit = 1
+        groups: tuple[int, ...] = (size,)
+        if "groups" in raw:
+            g = [self.eval(x, path + ("groups", i), f"shard group of '{name}'")
+                 for i, x in enumerate(raw["groups"])]
+            if any(x is None for x in g):
+                return None
+            groups = tuple(g)
+            if sum(groups) != size:
+                self.diags.error(self.doc.loc(path + ("groups",)),
+                                 f"shard groups of '{name}' add up to {sum(groups)}, but axis "
+                                 f"'{item.shape_text[axis]}' has {size} elements",
+                                 "the sub-blocks must tile the sharded axis exactly")
+        for i, g in enumerate(groups):
+            if g % unit:
+                where = path + ("groups", i) if "groups" in raw else path + ("shard",)
+                self.diags.error(self.doc.loc(where),
+                                 f"sharded axis '{item.shape_text[axis]}' of '{name}': sub-block "
+                                 f"of {g} elements is not a multiple of the {unit}-element unit",
+                                 "each sub-block must hold whole units (heads)")
+        return Shard(axis, groups, unit, self.doc.loc(path))
+
+    def side(self, raw: dict, path: tuple) -> SideSpec:
+        stages = None
+        if "stages" in raw:
+            stages = tuple(
+                tuple(_ids(s, self.doc, path + ("stages", i), self.diags))
+                for i, s in enumerate(raw["stages"])
+            )
+        pp = raw.get("pp", len(stages) if stages else 1)
+        if stages is not None and len(stages) != pp:
+            self.diags.error(self.doc.loc(path + ("stages",)),
+                             f"{len(stages)} stage lists given for pp={pp}",
+                             "give one layer list per pipeline stage")
+        return SideSpec(raw.get("tp", 1), pp, raw.get("dp", 1), raw.get("page_size"), stages,
+                        self.doc.loc(path))
+
+
+def _cycle_members(deps_of: dict) -> set[str]:
+    """Params of `deps_of` (name -> expression) that lie on a dependency cycle.
+
+    Every name left unresolved either lies on a cycle or depends on one; the latter are
+    peeled off by dropping, repeatedly, names no other remaining name depends on.
+    """
+    deps = {}
+    for name, value in deps_of.items():
+        try:
+            deps[name] = (names_in(value) if isinstance(value, str) else set()) & set(deps_of)
+        except ExprError:
+            deps[name] = set()
+    left = set(deps)
+    while True:
+        needed = {d for n in left for d in deps[n]}
+        drop = left - needed
+        if not drop:
+            return left
+        left -= drop
+
+
+def _ranges(ids: list[int]) -> str:
+    out, start = [], None
+    for i, x in enumerate(ids):
+        if start is None:
+            start = x
+        if i + 1 == len(ids) or ids[i + 1] != x + 1:
+            out.append(str(start) if start == x else f"{start}-{x}")
+            start = None
+    return ", ".join(out)
+
+
+def build_spec(doc: Located, diags: Diagnostics) -> Spec | None:
+    """Model a shape-valid document. Returns None only when nothing useful could be built."""
+    raw = doc.data
+    p = _Parser(doc, diags)
+    params = p.params(raw["params"])
+    layers = p.layers(raw["layers"])
+    comps = []
+    for name, c in raw["components"].items():
+        comp = p.component(name, c, layers)
+        if comp is not None:
+            comps.append(comp)
+    constraints = tuple(
+        Constraint(c["expr"], c["why"], doc.loc(("constraints", i)))
+        for i, c in enumerate(raw.get("constraints", []))
+    )
+    backends = tuple(
+        BackendRule(name, b.get("hetero_attention_tp", True), b.get("max_pp"), b.get("why", ""),
+                    doc.key_loc(("backends", name)))
+        for name, b in raw.get("backends", {}).items()
+    )
+    deps = []
+    for i, d in enumerate(raw.get("deployments", [])):
+        path = ("deployments", i)
+        deps.append(Deployment(
+            p.side(d["prefill"], path + ("prefill",)), p.side(d["decode"], path + ("decode",)),
+            d.get("backend", "mooncake"), d.get("expect", "accepted") == "rejected",
+            d.get("error", ""), doc.loc(path)))
+    return Spec(raw["family"], params, layers, tuple(comps), constraints, backends, tuple(deps),
+                doc.path, doc.loc(()), raw.get("description", ""), raw)

@@ -1,0 +1,94 @@
+"""YAML loading with a source location for every node.
+
+`load_located(text, path)` returns plain Python data (dicts, lists, scalars) plus an index
+from each node's path (a tuple of keys and list positions) to its `Location`. Keys of
+mappings are indexed under `path + ("<key>", name)` so that errors about a key (unknown,
+duplicate) point at the key itself rather than at its value.
+
+Duplicate keys are errors (PyYAML silently keeps the last one). Anchors and merge keys work
+as in PyYAML; tags other than the core schema's are rejected by the safe loader.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import yaml
+
+from .diagnostics import Diagnostic, Location
+
+Path_ = tuple
+
+
+@dataclass(frozen=True)
+class Located:
+    data: object
+    locs: dict  # Path_ -> Location
+    path: str
+
+    def loc(self, path: Path_) -> Location:
+        """Location of the node at `path`, or of its nearest located ancestor."""
+        p = tuple(path)
+        while p:
+            if p in self.locs:
+                return self.locs[p]
+            p = p[:-1]
+        return self.locs.get((), Location(self.path, 1, 1))
+
+    def key_loc(self, path: Path_) -> Location:
+        """Location of the key that introduces `path` (falls back to the value)."""
+        p = tuple(path)
+        if p and (p[:-1] + ("<key>", p[-1])) in self.locs:
+            return self.locs[p[:-1] + ("<key>", p[-1])]
+        return self.loc(p)
+
+
+def _mark(path: str, node: yaml.Node) -> Location:
+    return Location(path, node.start_mark.line + 1, node.start_mark.column + 1)
+
+
+def load_located(text: str, path: str) -> tuple[Located | None, list[Diagnostic]]:
+    errors: list[Diagnostic] = []
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        loc = Location(path, mark.line + 1, mark.column + 1) if mark else Location(path)
+        return None, [Diagnostic(loc, f"invalid YAML: {e.problem or e}", "fix the YAML syntax")]
+    except yaml.YAMLError as e:
+        return None, [Diagnostic(Location(path), f"invalid YAML: {e}", "fix the YAML syntax")]
+    if node is None:
+        return None, [Diagnostic(Location(path, 1, 1), "the spec is empty",
+                                 "a spec is a mapping with at least `family` and `params`")]
+    constructor = yaml.SafeLoader("")
+    locs: dict = {}
+
+    def build(n: yaml.Node, p: tuple):
+        locs[p] = _mark(path, n)
+        if isinstance(n, yaml.MappingNode):
+            constructor.flatten_mapping(n)
+            out = {}
+            for k_node, v_node in n.value:
+                key = constructor.construct_object(k_node, deep=True)
+                if not isinstance(key, (str, int)):
+                    errors.append(Diagnostic(_mark(path, k_node), f"mapping key {key!r} is not a name",
+                                             "keys are plain names"))
+                    continue
+                if key in out:
+                    errors.append(Diagnostic(
+                        _mark(path, k_node), f"duplicate key '{key}'",
+                        f"'{key}' is already defined at line {locs[p + ('<key>', key)].line}; "
+                        "remove one of them"))
+                    continue
+                locs[p + ("<key>", key)] = _mark(path, k_node)
+                out[key] = build(v_node, p + (key,))
+            return out
+        if isinstance(n, yaml.SequenceNode):
+            return [build(v, p + (i,)) for i, v in enumerate(n.value)]
+        return constructor.construct_object(n, deep=True)
+
+    try:
+        data = build(node, ())
+    except yaml.YAMLError as e:
+        return None, [Diagnostic(Location(path), f"invalid YAML: {e}", "fix the YAML syntax")]
+    return Located(data, locs, path), errors

@@ -1,0 +1,113 @@
+"""Per-request index math: which source item goes to which destination item.
+
+Pure numpy, shared by the runtime's data path and the compiler's request-level coverage
+tests, so the proof exercises the very function that builds descriptors.
+
+Note [Absolute page positions]: a chunk names its pages by absolute position in the
+request (`page_start` = index of its first page among all the request's pages), and the
+decode side's page list is indexed by that absolute position. Offsets relative to the chunk
+would write every chunk over the first one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+class IndexError_(ValueError):
+    """An index from a peer is inconsistent or out of range; the message says which."""
+
+
+@dataclass(frozen=True)
+class PrefillChunk:
+    """What prefill sends for one chunk of one request (ids are its own pool ids)."""
+
+    page_start: int  # absolute position of page_ids[0] among the request's pages
+    page_ids: np.ndarray  # int64 prefill page ids of this chunk
+    last: bool
+    seq_len: int  # tokens prefilled so far (after this chunk)
+    slot: int = -1  # slot-state index (mamba slot), last chunk only
+    ring_slot: int = -1  # req_pool_idx for ring state, last chunk only
+    aux_row: int = -1  # metadata row, last chunk only
+    window_page_ids: np.ndarray | None = None  # window pool ids, positions window_first..
+
+
+@dataclass(frozen=True)
+class DecodeTarget:
+    """What decode allocated for a request (ids are decode pool ids)."""
+
+    page_ids: np.ndarray  # int64, one per absolute page position of the whole request
+    prefix_len: int  # tokens decode already holds (prefix cache): their pages are not sent
+    slot: int = -1
+    ring_slot: int = -1
+    aux_row: int = -1
+    window_page_ids: np.ndarray | None = None
+
+
+def pages_of(tokens: int, page_size: int) -> int:
+    return -(-tokens // page_size)
+
+
+def window_first_page(seq_len: int, window_tokens: int, page_size: int) -> int:
+    """Absolute position of the first page holding one of the last `window_tokens` tokens."""
+    return max(0, seq_len - window_tokens) // page_size
+
+
+def chunk_page_pairs(chunk: PrefillChunk, target: DecodeTarget,
+                     page_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(prefill page ids, decode page ids) this chunk writes; see Note [Absolute page positions]."""
+    n = len(chunk.page_ids)
+    positions = np.arange(chunk.page_start, chunk.page_start + n, dtype=np.int64)
+    if n and (chunk.page_start < 0 or positions[-1] >= len(target.page_ids)):
+        raise IndexError_(f"chunk pages {chunk.page_start}..{chunk.page_start + n - 1} exceed "
+                          f"the {len(target.page_ids)} pages decode allocated")
+    # A page that is only partly covered by the decode prefix is still sent: decode's copy
+    # of the tail of that page is not guaranteed to match.
+    keep = positions >= target.prefix_len // page_size
+    return np.asarray(chunk.page_ids, np.int64)[keep], np.asarray(target.page_ids, np.int64)[positions[keep]]
+
+
+def window_pairs(chunk: PrefillChunk, target: DecodeTarget, window_tokens: int,
+                 page_size: int) -> tuple[np.ndarray, np.ndarray]:
+    src = np.asarray(chunk.window_page_ids if chunk.window_page_ids is not None else [], np.int64)
+    dst = np.asarray(target.window_page_ids if target.window_page_ids is not None else [],
+                     np.int64)
+    want = pages_of(chunk.seq_len, page_size) - window_first_page(chunk.seq_len, window_tokens,
+                                                                  page_size)
+    if len(src) != want or len(dst) != want:
+        raise IndexError_(f"window needs {want} pages, prefill sent {len(src)}, decode holds "
+                          f"{len(dst)}")
+    return src, dst
+
+
+def ring_pairs(src_slot: int, dst_slot: int, ring_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows slot*R .. slot*R+R-1 on both sides (row = slot * R + pos % R)."""
+    r = np.arange(ring_rows, dtype=np.int64)
+    return src_slot * ring_rows + r, dst_slot * ring_rows + r
+
+
+def contiguous_runs(src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Split paired index arrays into runs where both advance by one: (src_start, dst_start, length)."""
+    src = np.asarray(src, np.int64)
+    dst = np.asarray(dst, np.int64)
+    if len(src) != len(dst):
+        raise IndexError_(f"{len(src)} source indices but {len(dst)} destination indices")
+    if len(src) == 0:
+        e = np.zeros(0, np.int64)
+        return e, e, e
+    breaks = np.flatnonzero((np.diff(src) != 1) | (np.diff(dst) != 1)) + 1
+    starts = np.concatenate(([0], breaks))
+    ends = np.concatenate((breaks, [len(src)]))
+    return src[starts], dst[starts], ends - starts
+
+
+def check_capacity(ids: np.ndarray, capacity: int, what: str) -> None:
+    """Refuse any index outside [0, capacity) before a single byte moves."""
+    if len(ids) == 0:
+        return
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= capacity:
+        bad = lo if lo < 0 else hi
+        raise IndexError_(f"{what} index {bad} is outside the registered capacity {capacity}")

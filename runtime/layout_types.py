@@ -1,0 +1,112 @@
+"""Layout types shared by the compiler and the runtime.
+
+The compiler's layout stage (pdc.compiler.layout) builds these from a spec; generated
+`generated/<family>/layout.py` modules instantiate them as constants; the runtime reads
+them. They live in the runtime package because the runtime never imports the compiler.
+
+Note [Shard ownership]: a sub-block of G units on T attention-TP ranks gives rank r the
+units [r*G/T, (r+1)*G/T) when G >= T, and the single unit r // (T/G) when G < T (GQA
+replication: never r % G, which pairs the wrong heads). Local units are laid out sub-block
+by sub-block, so a rank's sharded axis is [q_r, k_r, v_r] for a GDN conv state. Both the
+lowering and the runtime use this rule; the coverage checker re-derives it independently
+from array slices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class EntryKey:
+    """One registered buffer of a component: (tensor, global layer id or sentinel)."""
+
+    tensor: str
+    layer_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class ShardGeometry:
+    axis: int
+    outer: int  # product of the axes before the sharded axis (elements)
+    inner_bytes: int  # bytes of one element of the sharded axis, trailing axes included
+    group_units: tuple[int, ...]  # units per independently sharded sub-block
+    unit_elems: int  # elements of the sharded axis per unit
+
+    def divisible(self, tp: int) -> bool:
+        return all((g % tp == 0) if g >= tp else (tp % g == 0) for g in self.group_units)
+
+    def units_per_rank(self, g: int, tp: int) -> int:
+        n = self.group_units[g]
+        return n // tp if n >= tp else 1
+
+    def local_units(self, tp: int, rank: int) -> tuple[tuple[int, int], ...]:
+        """(sub-block, unit) pairs held by `rank`, in local order (Note [Shard ownership])."""
+        out = []
+        for g, n in enumerate(self.group_units):
+            if n >= tp:
+                per = n // tp
+                out.extend((g, rank * per + i) for i in range(per))
+            else:
+                out.append((g, rank // (tp // n)))
+        return tuple(out)
+
+    def local_axis(self, tp: int) -> int:
+        """Elements of the sharded axis on one rank."""
+        return sum(self.units_per_rank(g, tp) for g in range(len(self.group_units))) * self.unit_elems
+
+
+@dataclass(frozen=True, slots=True)
+class ComponentLayout:
+    name: str
+    index: str  # page | slot | ring | window | aux
+    ring_rows: int
+    window_tokens: int
+    tensors: tuple[str, ...]
+    layer_ids: tuple[int, ...]  # sorted; empty for request-wide
+    sentinel: int | None
+    request_wide: bool
+    dtype: str
+    dtype_bytes: int
+    shape: tuple[int, ...]
+    item_bytes: int  # bytes of one full (unsharded) item
+    shard: ShardGeometry | None  # None = replicated across attention TP
+    send: str  # every_chunk | last_chunk
+    stages: str  # request-wide ownership: all | first | last | kind:<k>
+    loc: str  # "spec.yaml:line:col" of the component, for messages
+
+    def item_bytes_at(self, tp: int) -> int:
+        """Bytes of one item on a rank of an attention-TP group of size tp."""
+        if self.shard is None:
+            return self.item_bytes
+        s = self.shard
+        return s.outer * s.local_axis(tp) * s.inner_bytes
+
+    def entries_for(self, layer_ids) -> tuple[EntryKey, ...]:
+        """Registered entries for a rank holding `layer_ids` (tensor-major, then id)."""
+        if self.request_wide:
+            return tuple(EntryKey(t, self.sentinel) for t in self.tensors)
+        held = [i for i in self.layer_ids if i in set(layer_ids)]
+        return tuple(EntryKey(t, i) for t in self.tensors for i in held)
+
+
+@dataclass(frozen=True, slots=True)
+class FamilyLayout:
+    family: str
+    py_name: str
+    num_layers: int
+    draft_ids: tuple[int, ...]
+    kind_of: tuple[tuple[int, str], ...]
+    components: tuple[ComponentLayout, ...]  # spec order = wire order
+    default_page_size: int
+    spec_path: str
+
+    def component(self, name: str) -> ComponentLayout:
+        for c in self.components:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    @property
+    def all_layer_ids(self) -> tuple[int, ...]:
+        return tuple(i for i, _ in self.kind_of)

@@ -1,0 +1,196 @@
+"""Plan types: what moves from which prefill rank to which decode rank.
+
+Built by the compiler's lowering (pdc.compiler.lower), executed by the runtime. They live
+in the runtime package because the runtime never imports the compiler; a plan travels
+between processes as JSON (`Plan.to_json` / `Plan.from_json`) and both sides of a
+handshake compare `Plan.digest()`.
+
+Ranks are named within one attention-DP group: `RankId(pp, tp)`. All DP groups of a side
+have the same layout, so one plan serves every (prefill group, decode group) pair; the
+group of a request follows its room id (`dp_group_of_room`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class RankId:
+    pp: int  # pipeline stage
+    tp: int  # attention-TP rank within the stage
+
+    def __str__(self) -> str:
+        return f"pp{self.pp}.tp{self.tp}"
+
+
+@dataclass(frozen=True, slots=True)
+class Side:
+    """One side's parallel layout, resolved: `stages[s]` lists the global layer ids of stage s."""
+
+    tp: int
+    pp: int
+    dp: int
+    page_size: int
+    stages: tuple[tuple[int, ...], ...]
+
+    def stage_of(self, layer_id: int) -> int | None:
+        for s, ids in enumerate(self.stages):
+            if layer_id in ids:
+                return s
+        return None
+
+    def ranks(self) -> tuple[RankId, ...]:
+        return tuple(RankId(s, t) for s in range(self.pp) for t in range(self.tp))
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    prefill: Side
+    decode: Side
+    backend: str
+
+    def describe(self) -> str:
+        def one(s: Side) -> str:
+            return f"tp={s.tp},pp={s.pp},dp={s.dp},page_size={s.page_size}"
+
+        return f"prefill {one(self.prefill)} -> decode {one(self.decode)} over {self.backend}"
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """Bytes copied from one source item to one destination item.
+
+    `repeat` pieces of `nbytes` each; piece k starts at src_offset + k*src_stride in the
+    source item and dst_offset + k*dst_stride in the destination item (strides are 0 when
+    repeat == 1). A head slice of a [page, heads, dim] page is repeat=page pieces.
+    """
+
+    src_offset: int
+    dst_offset: int
+    nbytes: int
+    repeat: int = 1
+    src_stride: int = 0
+    dst_stride: int = 0
+
+    @property
+    def total_bytes(self) -> int:
+        return self.nbytes * self.repeat
+
+
+@dataclass(frozen=True, slots=True)
+class LinkEntry:
+    component: str
+    tensor: str
+    layer_id: int  # global layer id, or the component's sentinel for request-wide state
+    src_pos: int  # position in the prefill rank's registered entries of this component
+    dst_pos: int  # position in the decode rank's registered entries of this component
+    src_item_bytes: int
+    dst_item_bytes: int
+    segments: tuple[Segment, ...]
+
+    @property
+    def whole_item(self) -> bool:
+        s = self.segments
+        return (len(s) == 1 and s[0].repeat == 1 and s[0].src_offset == 0
+                and s[0].dst_offset == 0 and s[0].nbytes == self.src_item_bytes
+                == self.dst_item_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    prefill: RankId
+    decode: RankId
+    entries: tuple[LinkEntry, ...]
+    elected_for: tuple[str, ...]  # replicated components this prefill rank writes as elected writer
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """What one rank registers: per component (spec order), its entries (tensor, layer id)."""
+
+    rank: RankId
+    components: tuple[tuple[str, tuple[tuple[str, int], ...], int], ...]  # (name, entries, item_bytes)
+
+    def entries(self, component: str) -> tuple[tuple[str, int], ...]:
+        for name, entries, _ in self.components:
+            if name == component:
+                return entries
+        raise KeyError(component)
+
+    def item_bytes(self, component: str) -> int:
+        for name, _, nbytes in self.components:
+            if name == component:
+                return nbytes
+        raise KeyError(component)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    family: str
+    topology: Topology
+    prefill: tuple[Registration, ...]
+    decode: tuple[Registration, ...]
+    links: tuple[Link, ...]
+    _index: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    def links_to(self, decode: RankId) -> tuple[Link, ...]:
+        return tuple(lk for lk in self.links if lk.decode == decode)
+
+    def links_from(self, prefill: RankId) -> tuple[Link, ...]:
+        return tuple(lk for lk in self.links if lk.prefill == prefill)
+
+    def responses_expected(self, decode: RankId) -> int:
+        """Status messages a decode rank waits for per request: one per linked prefill rank."""
+        return len(self.links_to(decode))
+
+    def registration(self, side: str, rank: RankId) -> Registration:
+        regs = self.prefill if side == "prefill" else self.decode
+        for r in regs:
+            if r.rank == rank:
+                return r
+        raise KeyError(f"{side} {rank}")
+
+    # ~~~ serialisation ~~~
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d.pop("_index")
+        return json.dumps(d, sort_keys=True, separators=(",", ":"))
+
+    def digest(self) -> str:
+        return hashlib.sha256(self.to_json().encode()).hexdigest()
+
+    @staticmethod
+    def from_json(text: str) -> Plan:
+        d = json.loads(text)
+
+        def side(s):
+            return Side(s["tp"], s["pp"], s["dp"], s["page_size"],
+                        tuple(tuple(x) for x in s["stages"]))
+
+        def rank(r):
+            return RankId(r["pp"], r["tp"])
+
+        def reg(r):
+            return Registration(rank(r["rank"]), tuple(
+                (n, tuple((t, i) for t, i in ents), b) for n, ents, b in r["components"]))
+
+        topo = Topology(side(d["topology"]["prefill"]), side(d["topology"]["decode"]),
+                        d["topology"]["backend"])
+        links = tuple(
+            Link(rank(lk["prefill"]), rank(lk["decode"]), tuple(
+                LinkEntry(e["component"], e["tensor"], e["layer_id"], e["src_pos"], e["dst_pos"],
+                          e["src_item_bytes"], e["dst_item_bytes"],
+                          tuple(Segment(**s) for s in e["segments"]))
+                for e in lk["entries"]), tuple(lk["elected_for"]))
+            for lk in d["links"])
+        return Plan(d["family"], topo, tuple(reg(r) for r in d["prefill"]),
+                    tuple(reg(r) for r in d["decode"]), links)
+
+
+def dp_group_of_room(room: int, dp: int) -> int:
+    """Attention-DP group serving a request: follows the room id (bootstrap room) by default."""
+    return room % dp
