@@ -1,0 +1,421 @@
+"""Model-side half of pdc's parity harness: tiny random-weight transformers models whose cache is
+exported as a flat dict of named per-layer tensors (the "state") and rebuilt in another process.
+
+Pinned to transformers 5.24 (every model returns one `DynamicCache` whose `.layers[i]` class comes
+from `config.layer_types`); see docs/hf-state.md for the anatomy of each family's cache.
+
+Note [State layout]: names are `L{layer}.{tensor}`, the batch dim (always 1) is dropped, and
+token-indexed tensors are token-major, `[T, heads, dim]`: row t is one token, which is what a
+paged pool stores (a page = page_size consecutive rows). Per-request tensors (`SLOT`) keep the
+layout of the cache minus the batch dim. A `WINDOW` tensor holds exactly what the sliding cache
+holds: the last `min(seq_len, sliding_window - 1)` tokens, oldest first; row j is the token at
+absolute position `seq_len - rows + j`. Keys are stored after RoPE, so a row is only valid at the
+absolute position it was computed for; the absolute count travels as `seq_len`.
+
+Note [Flags]: besides tensors, some layers carry scalars the model reads while decoding
+(`cumulative_length` of sliding layers feeds positions and the mask offset; `has_previous_state`
+of linear layers selects the decode path over the prefill path). They are not state tensors:
+`import_state` derives them from `seq_len`, and `export_flags` reads them back for comparison.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+# Kinds of state tensor (what a pdc spec needs to know to place it).
+TOKEN = "token"  # one row per token, grows with the sequence: lives in paged KV pools
+WINDOW = "window"  # one row per token, but only the last sliding_window - 1 are kept
+SLOT = "slot"  # fixed shape per request, overwritten in place each step
+
+# Where a flag's value comes from on import.
+FROM_SEQ_LEN = "seq_len"
+TRUE = "true"
+
+
+@dataclass(frozen=True)
+class StateTensor:
+    """One named state tensor of a cache layer.
+
+    attr: attribute path on the transformers cache layer: `keys`, or `conv_states[0]` for a
+        dict-held state (index = state_idx).
+    token_axis: axis of the token dim in the cache tensor (batch included); moved to the front on
+        export. None for SLOT tensors.
+    shard_axis: axis of the EXPORTED tensor a tensor-parallel engine splits; None = replicated.
+    shard_size: config attribute giving the size of shard_axis when it is a plain head axis.
+    segments: when shard_axis is a concatenation of separately sharded sections (conv channels),
+        (label, config attributes whose product is that section's size), in order.
+    dtype: "model" (the model's dtype) or a fixed torch dtype name (recurrent states stay fp32).
+    """
+
+    name: str
+    attr: str
+    kind: str
+    token_axis: int | None = None
+    shard_axis: int | None = None
+    shard_size: str | None = None
+    segments: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    dtype: str = "model"
+
+
+@dataclass(frozen=True)
+class LayerRecipe:
+    cache_class: str  # transformers cache layer class expected for this layer kind
+    tensors: tuple[StateTensor, ...]
+    flags: tuple[tuple[str, str], ...] = ()  # (attribute path, FROM_SEQ_LEN | TRUE)
+
+
+@dataclass(frozen=True)
+class FamilyRecipe:
+    config_class: str
+    model_class: str
+    config_kwargs: dict[str, Any] = field(hash=False)
+    layers: dict[str, LayerRecipe] = field(hash=False)  # keyed by config layer type
+
+
+def _kv(kind: str, k: str = "k", v: str = "v", heads: str | None = "num_key_value_heads"):
+    """Token-indexed (keys, values) pair; cache layout [B, heads, T, dim] -> export [T, heads, dim]."""
+    shard = 1 if heads else None
+    return (
+        StateTensor(k, "keys", kind, token_axis=2, shard_axis=shard, shard_size=heads),
+        StateTensor(v, "values", kind, token_axis=2, shard_axis=shard, shard_size=heads),
+    )
+
+
+FULL = LayerRecipe("DynamicLayer", _kv(TOKEN))
+SLIDING = LayerRecipe(
+    "DynamicSlidingWindowLayer", _kv(WINDOW), flags=(("cumulative_length", FROM_SEQ_LEN),)
+)
+
+
+def _linear(conv_segments, ssm_heads: str) -> LayerRecipe:
+    """Conv + recurrent slots of a linear-attention layer (GDN or Mamba2)."""
+    return LayerRecipe(
+        "LinearAttentionLayer",
+        (
+            StateTensor("conv", "conv_states[0]", SLOT, shard_axis=0, segments=conv_segments),
+            StateTensor(
+                "ssm", "recurrent_states[0]", SLOT, shard_axis=0, shard_size=ssm_heads,
+                dtype="float32",
+            ),
+        ),
+        flags=(("has_previous_state[0]", TRUE),),
+    )
+
+
+_SPECIAL_IDS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
+_ATTN = dict(
+    vocab_size=256, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=256, **_SPECIAL_IDS,
+)
+_GDN_K = ("linear_num_key_heads", "linear_key_head_dim")
+_GDN_V = ("linear_num_value_heads", "linear_value_head_dim")
+_M2_BC = ("n_groups", "state_size")
+
+FAMILIES: dict[str, FamilyRecipe] = {
+    "llama": FamilyRecipe(
+        "LlamaConfig", "LlamaForCausalLM", dict(_ATTN, num_hidden_layers=2),
+        {"full_attention": FULL},
+    ),
+    "qwen3_next": FamilyRecipe(
+        "Qwen3NextConfig", "Qwen3NextForCausalLM",
+        dict(
+            _ATTN, num_hidden_layers=4, head_dim=16, linear_conv_kernel_dim=4,
+            linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
+            linear_num_value_heads=4, num_experts=4, num_experts_per_tok=2,
+            moe_intermediate_size=32, shared_expert_intermediate_size=32,
+        ),
+        {
+            "linear_attention": _linear(
+                (("q", _GDN_K), ("k", _GDN_K), ("v", _GDN_V)), "linear_num_value_heads"
+            ),
+            "full_attention": FULL,
+        },
+    ),
+    "mamba2": FamilyRecipe(
+        "Mamba2Config", "Mamba2ForCausalLM",
+        dict(
+            vocab_size=256, hidden_size=64, num_hidden_layers=2, num_heads=4, head_dim=32,
+            state_size=16, n_groups=1, expand=2, conv_kernel=4, chunk_size=16, **_SPECIAL_IDS,
+        ),
+        {
+            "linear_attention": _linear(
+                (("x", ("num_heads", "head_dim")), ("B", _M2_BC), ("C", _M2_BC)), "num_heads"
+            ),
+        },
+    ),
+    "mistral_sw": FamilyRecipe(
+        "MistralConfig", "MistralForCausalLM", dict(_ATTN, num_hidden_layers=2, sliding_window=8),
+        {"sliding_attention": SLIDING},
+    ),
+    "deepseek_v3": FamilyRecipe(
+        "DeepseekV3Config", "DeepseekV3ForCausalLM",
+        dict(
+            _ATTN, num_hidden_layers=2, num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=48,
+            qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=4,
+            num_experts_per_tok=2, n_group=2, topk_group=1, moe_intermediate_size=32,
+            first_k_dense_replace=1, n_shared_experts=1,
+        ),
+        # MLA: the cache holds the single-head latent, shared by every query head (replicated
+        # under TP): keys = kv_a_layernorm(kv_nope) [.., kv_lora_rank], values = RoPE'd k_rot.
+        {"full_attention": LayerRecipe("DynamicLayer", _kv(TOKEN, "kv_nope", "k_rot", None))},
+    ),
+}
+
+
+# --------------------------------------------------------------------------- models
+
+
+def _tf():
+    import transformers
+
+    return transformers
+
+
+def make_config(family: str):
+    recipe = FAMILIES[family]
+    return getattr(_tf(), recipe.config_class)(**recipe.config_kwargs)
+
+
+def build_model(family: str, dtype: torch.dtype = torch.float32, seed: int = 0):
+    """Random-weight model: init in float32 under `seed`, then cast (same bits in any process)."""
+    recipe = FAMILIES[family]
+    config = make_config(family)
+    torch.manual_seed(seed)
+    model = getattr(_tf(), recipe.model_class)(config)
+    return model.to(dtype).eval()
+
+
+def layer_kinds(model) -> list[str]:
+    """Per-layer cache kind, resolved exactly as `DynamicCache(config=...)` resolves it."""
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    return get_layer_types_and_kwargs(model.config.get_text_config(decoder=True))[0]
+
+
+def _layer_recipes(family: str, model):
+    layers = FAMILIES[family].layers
+    kinds = layer_kinds(model)
+    missing = sorted(set(kinds) - set(layers))
+    if missing:
+        raise KeyError(f"{family}: no recipe for layer kinds {missing}")
+    return [layers[k] for k in kinds]
+
+
+# --------------------------------------------------------------------------- running
+
+
+def _step(model, ids: torch.Tensor, cache):
+    with torch.no_grad():
+        out = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+    return out.logits[0, -1].clone(), out.cache
+
+
+def prefill_logits(model, prompt_ids: torch.Tensor):
+    """Prefill `prompt_ids` ([T] or [1, T]); returns (cache, logits of the last position [V])."""
+    logits, cache = _step(model, prompt_ids.view(1, -1), None)
+    return cache, logits
+
+
+def prefill(model, prompt_ids: torch.Tensor):
+    return prefill_logits(model, prompt_ids)[0]
+
+
+def greedy_decode(model, cache, first_token: int | torch.Tensor, steps: int):
+    """Feed `first_token`, then `steps - 1` argmax tokens. Returns (tokens [steps], logits
+    [steps, V]) where tokens[i] = argmax(logits[i]) is the token produced by step i. The cache is
+    updated in place."""
+    tok = torch.as_tensor(first_token, dtype=torch.long).view(1, 1)
+    tokens, logits = [], []
+    for _ in range(steps):
+        step_logits, cache = _step(model, tok, cache)
+        tok = step_logits.argmax(-1).view(1, 1)
+        tokens.append(tok.view(()))
+        logits.append(step_logits)
+    return torch.stack(tokens), torch.stack(logits)
+
+
+def aggregate_generate(model, prompt: torch.Tensor, steps: int):
+    """Single-process reference: `steps` new tokens (the first from the prefill logits). Returns
+    (tokens [steps], logits [steps, V]); row 0 is the prefill, row i >= 1 decode step i."""
+    cache, logits0 = prefill_logits(model, prompt)
+    tok0 = logits0.argmax(-1)
+    toks, logits = greedy_decode(model, cache, tok0, steps - 1)
+    return torch.cat([tok0.view(1), toks]), torch.cat([logits0[None], logits])
+
+
+# --------------------------------------------------------------------------- state
+
+
+_INDEXED = re.compile(r"^(\w+)\[(\d+)\]$")
+
+
+def _get(obj, path: str):
+    m = _INDEXED.match(path)
+    return getattr(obj, m[1])[int(m[2])] if m else getattr(obj, path)
+
+
+def _set(obj, path: str, value) -> None:
+    m = _INDEXED.match(path)
+    if m:
+        getattr(obj, m[1])[int(m[2])] = value
+    else:
+        setattr(obj, path, value)
+
+
+def _check_class(i: int, layer, recipe: LayerRecipe) -> None:
+    if type(layer).__name__ != recipe.cache_class:
+        raise TypeError(f"layer {i}: cache holds {type(layer).__name__}, recipe {recipe.cache_class}")
+
+
+def export_state(family: str, model, cache) -> dict[str, torch.Tensor]:
+    """Flat dict `L{i}.{name}` -> tensor (batch dim dropped, token-indexed ones token-major)."""
+    state = {}
+    for i, (layer, recipe) in enumerate(zip(cache.layers, _layer_recipes(family, model), strict=True)):
+        _check_class(i, layer, recipe)
+        for spec in recipe.tensors:
+            x = _get(layer, spec.attr)
+            if x.shape[0] != 1:
+                raise ValueError(f"L{i}.{spec.name}: batch {x.shape[0]}, only batch 1 is supported")
+            x = x[0]
+            if spec.token_axis is not None:
+                x = x.movedim(spec.token_axis - 1, 0)
+            state[f"L{i}.{spec.name}"] = x.contiguous().clone()
+    return state
+
+
+def export_flags(family: str, model, cache) -> dict[str, int]:
+    """The scalar flags the recipe restores, as read from `cache` (e.g. `L0.cumulative_length`)."""
+    flags = {}
+    for i, (layer, recipe) in enumerate(zip(cache.layers, _layer_recipes(family, model), strict=True)):
+        for path, _ in recipe.flags:
+            flags[f"L{i}.{path}"] = int(_get(layer, path))
+    return flags
+
+
+def _expected_rows(spec: StateTensor, layer, seq_len: int) -> int | None:
+    if spec.kind == TOKEN:
+        return seq_len
+    if spec.kind == WINDOW:
+        return min(seq_len, layer.sliding_window - 1)
+    return None
+
+
+def import_state(family: str, model, state: dict[str, torch.Tensor], seq_len: int):
+    """Build a fresh `DynamicCache` holding `state` after `seq_len` tokens, ready to decode."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    model_dtype = next(model.parameters()).dtype
+    used = set()
+    for i, (layer, recipe) in enumerate(zip(cache.layers, _layer_recipes(family, model), strict=True)):
+        _check_class(i, layer, recipe)
+        pair = {}
+        # Dict-held (linear) states first: in hybrid layer classes the attention lazy-init would
+        # otherwise set the shared `.device` and the linear one would then leave `.dtype` unset.
+        for spec in sorted(recipe.tensors, key=lambda s: _INDEXED.match(s.attr) is None):
+            key = f"L{i}.{spec.name}"
+            x = state[key]
+            used.add(key)
+            want = model_dtype if spec.dtype == "model" else getattr(torch, spec.dtype)
+            if x.dtype != want:
+                raise TypeError(f"{key}: dtype {x.dtype}, expected {want}")
+            rows = _expected_rows(spec, layer, seq_len)
+            if rows is not None and x.shape[0] != rows:
+                raise ValueError(f"{key}: {x.shape[0]} token rows, expected {rows} at {seq_len=}")
+            if spec.token_axis is not None:
+                x = x.movedim(0, spec.token_axis - 1)
+            x = x.unsqueeze(0).contiguous().clone()
+            m = _INDEXED.match(spec.attr)
+            if m:  # conv_states[i] / recurrent_states[i]: allocate via lazy init, then fill
+                layer.lazy_initialization(**{m[1]: x, "state_idx": int(m[2])})
+                _get(layer, spec.attr).copy_(x)
+            else:
+                pair[spec.attr] = x
+        if pair:
+            keys, values = pair["keys"], pair["values"]
+            layer.lazy_initialization(keys, values)
+            layer.keys, layer.values = keys, values
+        for path, source in recipe.flags:
+            _set(layer, path, seq_len if source == FROM_SEQ_LEN else True)
+    extra = sorted(set(state) - used)
+    if extra:
+        raise KeyError(f"{family}: state has tensors no layer recipe consumes: {extra}")
+    return cache
+
+
+def describe_state(family: str, model, state: dict[str, torch.Tensor]) -> list[dict[str, Any]]:
+    """One row per state tensor: name, shape, dtype, kind, shard axis/size, segment sizes."""
+    config = model.config
+    rows = []
+    for i, recipe in enumerate(_layer_recipes(family, model)):
+        for spec in recipe.tensors:
+            x = state[f"L{i}.{spec.name}"]
+            rows.append(
+                dict(
+                    name=f"L{i}.{spec.name}", shape=tuple(x.shape), dtype=str(x.dtype)[6:],
+                    kind=spec.kind, attr=spec.attr, shard_axis=spec.shard_axis,
+                    shard_size=getattr(config, spec.shard_size) if spec.shard_size else None,
+                    segments=[(label, _prod(config, attrs)) for label, attrs in spec.segments],
+                )
+            )
+    return rows
+
+
+def _prod(config, attrs: tuple[str, ...]) -> int:
+    n = 1
+    for a in attrs:
+        n *= getattr(config, a)
+    return n
+
+
+# --------------------------------------------------------------------------- bytes
+
+# Wire format: u64 little-endian header length, JSON header [[name, dtype, shape], ...], then the
+# raw little-endian tensor bytes back to back in header order. No pickle of torch objects.
+
+
+def state_to_bytes(state: dict[str, torch.Tensor]) -> bytes:
+    header, blobs = [], []
+    for name, t in state.items():
+        header.append([name, str(t.dtype).removeprefix("torch."), list(t.shape)])
+        blobs.append(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    head = json.dumps(header).encode()
+    return struct.pack("<Q", len(head)) + head + b"".join(blobs)
+
+
+def state_from_bytes(buf: bytes) -> dict[str, torch.Tensor]:
+    (n,) = struct.unpack_from("<Q", buf)
+    offset, state = 8 + n, {}
+    for name, dtype_name, shape in json.loads(buf[8 : 8 + n]):
+        dtype = getattr(torch, dtype_name)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        raw = np.frombuffer(buf, dtype=np.uint8, count=nbytes, offset=offset).copy()
+        state[name] = torch.from_numpy(raw).view(dtype).reshape(shape)
+        offset += nbytes
+    if offset != len(buf):
+        raise ValueError(f"{len(buf) - offset} trailing bytes")
+    return state
+
+
+def decode_from_payload(
+    family: str, dtype_name: str, payload: bytes, seq_len: int, first_token: int, steps: int,
+    seed: int = 0, threads: int | None = None,
+) -> bytes:
+    """Decode-process entry point: fresh model (same family/dtype/seed), rebuild the cache from
+    serialized state, greedy-decode `steps` steps. Returns serialized {tokens, logits, flags}."""
+    if threads:
+        torch.set_num_threads(threads)
+    model = build_model(family, getattr(torch, dtype_name), seed)
+    cache = import_state(family, model, state_from_bytes(payload), seq_len)
+    flags = export_flags(family, model, cache)
+    tokens, logits = greedy_decode(model, cache, first_token, steps)
+    out = {"tokens": tokens, "logits": logits}
+    out.update({f"flag:{k}": torch.tensor(v) for k, v in flags.items()})
+    return state_to_bytes(out)
