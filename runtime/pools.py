@@ -1,0 +1,86 @@
+"""Pools: one registered arena per rank, carved into one buffer per (component, entry).
+
+A serving engine brings its own pools; the demo, the tests and the parity harness use
+these. Capacity is counted in items of the component's index kind: pages (page, window),
+slots (slot), rows (ring: slots * R) and aux rows. Every buffer starts on a 4 KiB boundary
+of the arena so engines can register the arena once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .layout_types import ComponentLayout, FamilyLayout
+from .plan_types import Registration
+
+ALIGN = 4096
+
+
+@dataclass(frozen=True)
+class Capacity:
+    pages: int = 64
+    slots: int = 4
+    aux_rows: int = 8
+    window_pages: int = 16
+
+    def items(self, comp: ComponentLayout) -> int:
+        return {
+            "page": self.pages,
+            "window": self.window_pages,
+            "slot": self.slots,
+            "ring": self.slots * comp.ring_rows,
+            "aux": self.aux_rows,
+        }[comp.index]
+
+
+@dataclass(frozen=True)
+class Buffer:
+    component: str
+    tensor: str
+    layer_id: int
+    offset: int  # bytes from the arena start
+    item_bytes: int
+    capacity: int  # items
+
+
+class RankPools:
+    """The arena and buffer table of one rank, in registration (wire) order."""
+
+    def __init__(self, layout: FamilyLayout, registration: Registration, capacity: Capacity):
+        self.layout = layout
+        self.capacity = capacity
+        self.buffers: dict[str, list[Buffer]] = {}
+        offset = 0
+        for name, entries, item_bytes in registration.components:
+            comp = layout.component(name)
+            cap = capacity.items(comp)
+            bufs = []
+            for tensor, layer_id in entries:
+                bufs.append(Buffer(name, tensor, layer_id, offset, item_bytes, cap))
+                offset += -(-(item_bytes * cap) // ALIGN) * ALIGN
+            self.buffers[name] = bufs
+        self.nbytes = max(offset, ALIGN)
+        self.arena = np.zeros(self.nbytes, dtype=np.uint8)
+        self.base = int(self.arena.ctypes.data)
+
+    def view(self, component: str, pos: int) -> np.ndarray:
+        """[capacity, item_bytes] uint8 view of one buffer."""
+        b = self.buffers[component][pos]
+        flat = self.arena[b.offset:b.offset + b.item_bytes * b.capacity]
+        return flat.reshape(b.capacity, b.item_bytes)
+
+    def address(self, component: str, pos: int) -> int:
+        return self.base + self.buffers[component][pos].offset
+
+    def sections(self) -> list[list[tuple[int, int, int, int, int]]]:
+        """Per component: (layer id, tensor index, base address, item bytes, capacity)."""
+        out = []
+        for comp in self.layout.components:
+            rows = []
+            for pos, b in enumerate(self.buffers[comp.name]):
+                rows.append((b.layer_id, comp.tensors.index(b.tensor), self.address(comp.name, pos),
+                             b.item_bytes, b.capacity))
+            out.append(rows)
+        return out

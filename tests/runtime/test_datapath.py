@@ -1,0 +1,140 @@
+"""Request-level data path without an engine: descriptors applied with memmove in-process.
+
+Pools of every prefill and decode rank live in this process; each chunk's descriptors are
+built by the runtime's own functions (component_pairs, build_descriptors) and executed with
+ctypes.memmove, then every decode byte is compared with the aggregate labels. This proves
+chunking, absolute page positions, decode prefix skipping and slot/ring/aux state together.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+from pdc.runtime import datapath, indices
+from pdc.runtime.datapath import LocalBuffer, RemoteBuffer, build_descriptors, component_pairs
+from pdc.runtime.indices import DecodeTarget, IndexError_, PrefillChunk
+from pdc.runtime.labels import item_labels, project
+from pdc.runtime.pools import Capacity, RankPools
+
+from ..compiler.planning import ROOT, plan_for
+
+SEED = 7
+
+
+def _positions(comp, n_pages, ids):
+    if comp.index == "page":
+        return [(p, int(ids["pages"][p])) for p in range(n_pages)]
+    if comp.index == "ring":
+        return [(i, ids["ring"] * comp.ring_rows + i) for i in range(comp.ring_rows)]
+    return [(0, ids["slot"] if comp.index == "slot" else ids["aux"])]
+
+
+def _fill_or_check(layout, plan, side, rank, pools, room, tokens, ids, check, skip_pages=0):
+    s = plan.topology.prefill if side == "prefill" else plan.topology.decode
+    n_pages = -(-tokens // s.page_size)
+    bad = []
+    for comp in layout.components:
+        for pos, (tensor, layer_id) in enumerate(plan.registration(side, rank).entries(comp.name)):
+            for where, item in _positions(comp, n_pages, ids):
+                full = item_labels(SEED, room, comp, tensor, layer_id, where)
+                data = project(comp, full, s.tp, rank.tp)
+                view = pools.view(comp.name, pos)
+                if not check:
+                    view[item] = data
+                elif not (comp.index == "page" and where < skip_pages) and \
+                        not np.array_equal(view[item], data):
+                    bad.append((comp.name, tensor, layer_id, where))
+    return bad
+
+
+def _run(path, prefill, decode, tokens, chunk_pages, prefix_tokens, rng):
+    layout, plan = plan_for(path, prefill, decode)
+    topo = plan.topology
+    cap = Capacity(pages=16, slots=2, aux_rows=2, window_pages=16)
+    pre = {r.rank: RankPools(layout, r, cap) for r in plan.prefill}
+    dec = {r.rank: RankPools(layout, r, cap) for r in plan.decode}
+    ps = topo.prefill.page_size
+    n_pages = -(-tokens // ps)
+    p_ids = {"pages": rng.permutation(16)[:n_pages], "slot": 1, "ring": 1, "aux": 0}
+    d_ids = {"pages": rng.permutation(16)[:n_pages], "slot": 0, "ring": 0, "aux": 1}
+    for rank, pools in pre.items():
+        _fill_or_check(layout, plan, "prefill", rank, pools, 5, tokens, p_ids, check=False)
+    for pools in dec.values():
+        pools.arena[:] = 0xA5
+    target = DecodeTarget(np.asarray(d_ids["pages"]), prefix_tokens, 0, 0, 1)
+    for start in range(0, n_pages, chunk_pages):
+        last = start + chunk_pages >= n_pages
+        chunk = PrefillChunk(start, np.asarray(p_ids["pages"][start:start + chunk_pages]), last,
+                             min(tokens, (start + chunk_pages) * ps),
+                             1 if last else -1, 1 if last else -1, 0 if last else -1)
+        for link in plan.links:
+            src, dst = pre[link.prefill], dec[link.decode]
+            local = {n: [LocalBuffer(src.address(n, i), b.item_bytes, b.capacity)
+                         for i, b in enumerate(bs)] for n, bs in src.buffers.items()}
+            remote = {n: [RemoteBuffer(b.layer_id, 0, dst.address(n, i), b.item_bytes,
+                                       b.capacity) for i, b in enumerate(bs)]
+                      for n, bs in dst.buffers.items()}
+            pairs = component_pairs(layout, chunk, target, ps)
+            d = build_descriptors(link, local, remote, pairs)
+            for s_addr, d_addr, n in zip(d.src.tolist(), d.dst.tolist(), d.nbytes.tolist(),
+                                         strict=True):
+                ctypes.memmove(d_addr, s_addr, n)
+    bad = []
+    for rank, pools in dec.items():
+        bad += _fill_or_check(layout, plan, "decode", rank, pools, 5, tokens, d_ids, check=True,
+                              skip_pages=prefix_tokens // ps)
+    return bad
+
+
+LLAMA = ROOT / "specs" / "llama3-70b.yaml"
+QWEN = ROOT / "specs" / "qwen38.yaml"
+GLM = ROOT / "specs" / "glm52.yaml"
+
+
+@pytest.mark.parametrize("path,prefill,decode", [
+    (LLAMA, {"tp": 2}, {"tp": 1}),
+    (LLAMA, {"tp": 1}, {"tp": 2}),
+    (LLAMA, {"tp": 2, "pp": 2}, {"tp": 1}),
+    (GLM, {"tp": 2, "pp": 2}, {"tp": 1}),
+    (QWEN, {"tp": 2}, {"tp": 1}),
+])
+def test_chunked_request_lands_byte_exact(path, prefill, decode):
+    rng = np.random.default_rng(0)
+    ps = 16 if path == LLAMA else 64
+    assert _run(path, prefill, decode, tokens=5 * ps + 3, chunk_pages=2, prefix_tokens=ps,
+                rng=rng) == []
+
+
+def test_chunk_page_offsets_relative_instead_of_absolute_is_caught(monkeypatch):
+    real = indices.chunk_page_pairs
+
+    def relative(chunk, target, page_size):
+        moved = PrefillChunk(0, chunk.page_ids, chunk.last, chunk.seq_len)
+        return real(moved, target, page_size)
+
+    monkeypatch.setattr(datapath, "chunk_page_pairs", relative)
+    bad = _run(LLAMA, {"tp": 1}, {"tp": 1}, tokens=80, chunk_pages=2, prefix_tokens=0,
+               rng=np.random.default_rng(1))
+    assert any(name == "kv" for name, *_ in bad)
+
+
+def test_out_of_range_decode_page_is_refused_before_any_descriptor():
+    layout, plan = plan_for(LLAMA, {"tp": 1}, {"tp": 1})
+    (link,) = plan.links
+    local = {"kv": [LocalBuffer(4096, 32768, 16)] * 160, "aux_first_token": [
+        LocalBuffer(8192, 64, 2)]}
+    remote = {"kv": [RemoteBuffer(i, 0, 1 << 30, 32768, 16) for i in range(80)] * 2,
+              "aux_first_token": [RemoteBuffer(0xFFFFFFFF, 0, 1 << 31, 64, 2)]}
+    chunk = PrefillChunk(0, np.array([0, 1]), False, 32)
+    target = DecodeTarget(np.array([3, 99]), 0)
+    pairs = component_pairs(layout, chunk, target, 16)
+    with pytest.raises(IndexError_) as info:
+        build_descriptors(link, local, remote, pairs)
+    assert str(info.value) == "decode 'kv' index 99 is outside the registered capacity 16"
+
+
+def test_contiguous_runs():
+    s, d, n = indices.contiguous_runs(np.array([4, 5, 6, 9, 10]), np.array([0, 1, 2, 3, 4]))
+    assert s.tolist() == [4, 9] and d.tolist() == [0, 3] and n.tolist() == [3, 2]
