@@ -33,6 +33,11 @@ def _check_components(spec: Spec, diags: Diagnostics) -> None:
                         "`page_size` param", "add `page_size` to params")
 
 
+def _hex(v: int) -> str:
+    """A sentinel as specs usually write it: 0xFFFFFFFF."""
+    return f"0x{v:08X}" if v >= 0 else str(v)
+
+
 def _check_sentinels(spec: Spec, diags: Diagnostics) -> None:
     layer_ids = spec.layers.kinds()
     seen: dict[int, str] = {}
@@ -41,15 +46,15 @@ def _check_sentinels(spec: Spec, diags: Diagnostics) -> None:
             continue
         s = c.sentinel
         if not 0 <= s <= UINT32_MAX:
-            diags.error(c.loc, f"sentinel {s:#x} of component '{c.name}' does not fit in uint32",
+            diags.error(c.loc, f"sentinel {_hex(s)} of component '{c.name}' does not fit in uint32",
                         "sentinels count down from 0xFFFFFFFF (2**32 - 1)")
             continue
         if s in layer_ids:
-            diags.error(c.loc, f"sentinel {s:#x} of component '{c.name}' collides with layer "
+            diags.error(c.loc, f"sentinel {_hex(s)} of component '{c.name}' collides with layer "
                         f"{s} ({layer_ids[s]})",
                         "pick a sentinel above every real and draft layer id, e.g. 0xFFFFFFFF")
         if s in seen:
-            diags.error(c.loc, f"sentinel {s:#x} of component '{c.name}' is already used by "
+            diags.error(c.loc, f"sentinel {_hex(s)} of component '{c.name}' is already used by "
                         f"'{seen[s]}'", "each request-wide component needs its own sentinel")
         else:
             seen[s] = c.name

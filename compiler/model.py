@@ -239,6 +239,9 @@ class _Parser:
         # Params whose own definition failed (already reported): an expression using one of
         # them is skipped silently instead of reporting "unknown name" a second time.
         self.failed: set[str] = set()
+        # Layer kinds the spec declares (pattern entries, `kinds` keys, the draft kind), even
+        # those left without layers; selectors may name them.
+        self.declared_kinds: set[str] = set()
 
     def eval(self, value, path: tuple, what: str, env: dict | None = None) -> int | None:
         try:
@@ -285,7 +288,8 @@ class _Parser:
                 else:
                     msg = f"params refer to each other in a cycle: {', '.join(sorted(cycle))}"
                 self.diags.error(self.doc.loc(("params", first)), msg,
-                                 "give one of them a literal value")
+                                 "give it a literal value" if len(cycle) == 1
+                                 else "give one of them a literal value")
                 break
         order = {n: i for i, n in enumerate(raw)}
         return tuple(sorted(out, key=lambda p: order[p.name]))
@@ -298,6 +302,7 @@ class _Parser:
         if "pattern" in raw:
             count = self.eval(raw["count"], ("layers", "count"), "layer count") or 0
             pattern = tuple(raw["pattern"])
+            self.declared_kinds.update(pattern)
             if count < 1:
                 self.diags.error(self.doc.loc(("layers", "count")),
                                  f"layer count must be at least 1, got {count}",
@@ -309,6 +314,7 @@ class _Parser:
                                  "`kinds` explicitly")
             kind_of = {i: pattern[i % len(pattern)] for i in range(max(count, 0))}
         else:
+            self.declared_kinds.update(raw["kinds"])
             for kind, items in raw["kinds"].items():
                 for i in _ids(items, self.doc, ("layers", "kinds", kind), self.diags):
                     if i in kind_of:
@@ -334,6 +340,7 @@ class _Parser:
                 first = self.eval(d["first_id"], dpath + ("first_id",), "draft first_id")
                 first = count if first is None else first
             draft = DraftBand(d["kind"], n, first, self.doc.loc(dpath))
+            self.declared_kinds.add(draft.kind)
             if draft.kind in set(kind_of.values()):
                 self.diags.error(self.doc.loc(dpath + ("kind",)),
                                  f"draft kind '{draft.kind}' is also a kind of real layers",
@@ -348,9 +355,9 @@ class _Parser:
         return Layers(count, tuple(sorted(kind_of.items())), draft, pattern, loc)
 
     def known_kinds(self, layers: Layers) -> set[str]:
-        """Kinds a selector may name: those of some layer, and the pattern's (even when a
-        bad layer count left the pattern without layers, to avoid a second error)."""
-        return set(layers.all_kinds) | set(layers.pattern)
+        """Kinds a selector may name: those of some layer and every declared one (a kind left
+        without layers is reported by the check "selects no layers", not as unknown)."""
+        return set(layers.all_kinds) | self.declared_kinds
 
     def component(self, name: str, raw: dict, layers: Layers) -> Component | None:
         base = ("components", name)
@@ -379,7 +386,7 @@ class _Parser:
                         self.diags.error(self.doc.loc(base + ("layers", "ids")),
                                          f"component '{name}' names layer {i}, which does not "
                                          f"exist", f"layer ids are 0..{layers.count - 1}"
-                                         + (" and the draft band" if layers.draft else ""))
+                                         + _draft_hint(layers.draft))
                 if len(set(ids)) != len(ids):
                     self.diags.error(self.doc.loc(base + ("layers", "ids")),
                                      f"component '{name}' lists a layer id twice",
@@ -525,6 +532,13 @@ class _Parser:
                              "give one layer list per pipeline stage")
         return SideSpec(raw.get("tp", 1), pp, raw.get("dp", 1), raw.get("page_size"), stages,
                         self.doc.loc(path))
+
+
+def _draft_hint(draft: DraftBand | None) -> str:
+    if draft is None or not draft.count:
+        return ""
+    ids = draft.ids
+    return f" and {ids[0]} (draft)" if len(ids) == 1 else f" and {ids[0]}..{ids[-1]} (draft)"
 
 
 def _cycle_members(deps_of: dict) -> set[str]:

@@ -58,6 +58,10 @@ def _shown(value: object) -> str:
     return repr(value)
 
 
+def _plural(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
 def _or(options: list[str]) -> str:
     return options[0] if len(options) == 1 else ", ".join(options[:-1]) + " or " + options[-1]
 
@@ -96,10 +100,13 @@ def _describe_one_of(err: ValidationError, doc: Located) -> Diagnostic:
         strings = [s.strip("'") for s in expected if s.startswith("'")]
         hint = _did_you_mean(err.instance, strings) if isinstance(err.instance, str) else ""
         return Diagnostic(doc.loc(path), f"{_where(path)} is {_shown(err.instance)}; expected "
-                          f"{_or(expected)}", hint or _REFERENCE)
+                          f"{_or(expected)}", hint or f"write {err.schema.get('description', _or(expected))}")
     # Report the branch that describes this kind of value and got furthest (fewest errors).
     fewest = min(len(errs) for errs in fitting)
     best = [errs for errs in fitting if len(errs) == fewest]
+    if all(e.validator == "not" for errs in best for e in errs):
+        return Diagnostic(doc.loc(path), f"{_where(path)} mixes keys that exclude each other",
+                          err.schema.get("description", _REFERENCE))
     return _describe(best_match(best[0] if len(best) == 1 else err.context), doc)
 
 
@@ -142,7 +149,13 @@ def _describe(err: ValidationError, doc: Located) -> Diagnostic:
         keys = ", ".join(sorted(err.schema["properties"]))
         return Diagnostic(doc.loc(path), f"{_where(path)} sets {len(err.instance)} keys, but takes "
                           f"exactly one of: {keys}", "keep one of them")
-    if v in ("minimum", "minItems", "minProperties", "maxProperties", "minLength", "maxLength"):
+    if v == "minimum":
+        return Diagnostic(doc.loc(path), f"{_where(path)} is {_shown(err.instance)}; expected at "
+                          f"least {err.validator_value}", f"use a value >= {err.validator_value}")
+    if v in ("minItems", "minProperties", "minLength") and len(err.instance) == 0:
+        return Diagnostic(doc.loc(path), f"{_where(path)} is empty",
+                          f"give at least {_plural(err.validator_value, 'entry', 'entries')}")
+    if v in ("minItems", "minProperties", "maxProperties", "minLength", "maxLength"):
         return Diagnostic(doc.loc(path), f"{_where(path)}: {err.message}",
                           _REFERENCE)
     if v == "not" or v == "oneOf":

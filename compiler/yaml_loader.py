@@ -19,6 +19,10 @@ from .diagnostics import Diagnostic, Location
 
 Path_ = tuple
 
+# Tags of plain mappings and lists; any other tag on a collection (!!set, !!omap,
+# !!python/...) is rejected. Scalars with a tag the safe loader cannot build fail there.
+_PLAIN_TAGS = ("tag:yaml.org,2002:map", "tag:yaml.org,2002:seq")
+
 
 @dataclass(frozen=True)
 class Located:
@@ -47,16 +51,20 @@ def _mark(path: str, node: yaml.Node) -> Location:
     return Location(path, node.start_mark.line + 1, node.start_mark.column + 1)
 
 
+def _yaml_error(e: yaml.YAMLError, path: str) -> Diagnostic:
+    if isinstance(e, yaml.MarkedYAMLError):
+        mark = e.problem_mark or e.context_mark
+        loc = Location(path, mark.line + 1, mark.column + 1) if mark else Location(path)
+        return Diagnostic(loc, f"invalid YAML: {e.problem or e}", "fix the YAML syntax")
+    return Diagnostic(Location(path), f"invalid YAML: {e}", "fix the YAML syntax")
+
+
 def load_located(text: str, path: str) -> tuple[Located | None, list[Diagnostic]]:
     errors: list[Diagnostic] = []
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        loc = Location(path, mark.line + 1, mark.column + 1) if mark else Location(path)
-        return None, [Diagnostic(loc, f"invalid YAML: {e.problem or e}", "fix the YAML syntax")]
     except yaml.YAMLError as e:
-        return None, [Diagnostic(Location(path), f"invalid YAML: {e}", "fix the YAML syntax")]
+        return None, [_yaml_error(e, path)]
     if node is None:
         return None, [Diagnostic(Location(path, 1, 1), "the spec is empty",
                                  "a spec is a mapping with at least `family` and `params`")]
@@ -65,21 +73,33 @@ def load_located(text: str, path: str) -> tuple[Located | None, list[Diagnostic]
 
     def build(n: yaml.Node, p: tuple):
         locs[p] = _mark(path, n)
+        if n.tag not in _PLAIN_TAGS and not isinstance(n, yaml.ScalarNode):
+            errors.append(Diagnostic(_mark(path, n), f"YAML tag '{n.tag}' is not allowed here",
+                                     "specs use plain mappings, lists and scalars"))
+            return None
         if isinstance(n, yaml.MappingNode):
+            # Merge keys (`<<: *anchor`): flatten_mapping puts the merged pairs first; a key
+            # written explicitly overrides a merged one, as in YAML. Only two explicit
+            # definitions of one key are a duplicate.
+            explicit = sum(1 for k, _ in n.value if k.tag != "tag:yaml.org,2002:merge")
             constructor.flatten_mapping(n)
-            out = {}
-            for k_node, v_node in n.value:
+            merged = len(n.value) - explicit
+            out: dict = {}
+            written: set = set()
+            for i, (k_node, v_node) in enumerate(n.value):
                 key = constructor.construct_object(k_node, deep=True)
                 if not isinstance(key, (str, int)):
                     errors.append(Diagnostic(_mark(path, k_node), f"mapping key {key!r} is not a name",
                                              "keys are plain names"))
                     continue
-                if key in out:
+                if key in written and i >= merged:
                     errors.append(Diagnostic(
                         _mark(path, k_node), f"duplicate key '{key}'",
                         f"'{key}' is already defined at line {locs[p + ('<key>', key)].line}; "
                         "remove one of them"))
                     continue
+                if i >= merged:
+                    written.add(key)
                 locs[p + ("<key>", key)] = _mark(path, k_node)
                 out[key] = build(v_node, p + (key,))
             return out
@@ -90,5 +110,5 @@ def load_located(text: str, path: str) -> tuple[Located | None, list[Diagnostic]
     try:
         data = build(node, ())
     except yaml.YAMLError as e:
-        return None, [Diagnostic(Location(path), f"invalid YAML: {e}", "fix the YAML syntax")]
+        return None, [_yaml_error(e, path)]
     return Located(data, locs, path), errors

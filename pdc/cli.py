@@ -1,2 +1,296 @@
-def main(argv=None) -> int:
+"""The `pdc` command line: `pdc validate | compile | check | demo ...`.
+
+Exit codes: 0 success; 1 a spec error, stale generated code or a failed command; 2 a usage
+error (argparse's own exit code). Diagnostics go to stderr, results to stdout. A mistake in a
+spec or a path never produces a Python traceback; a bug in pdc still does.
+
+Note [Subcommands]: each subcommand is one function decorated with `@command(name, *args)`.
+Its docstring is the help: the first line is the summary shown by `pdc --help`, the rest the
+description shown by `pdc NAME --help`; `args` are `arg(...)` calls taking
+`ArgumentParser.add_argument`'s parameters. The function receives the parsed namespace and
+returns the exit code. Import heavy modules (the compiler, torch, engines) inside the
+function, so that `pdc --help` and unrelated subcommands stay fast and independent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pdc import __version__
+
+
+@dataclass(frozen=True, slots=True)
+class Arg:
+    flags: tuple[str, ...]
+    options: dict
+
+
+def arg(*flags: str, **options) -> Arg:
+    """One argument of a subcommand, as for `ArgumentParser.add_argument`."""
+    return Arg(flags, options)
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    name: str
+    run: Callable[[argparse.Namespace], int]
+    args: tuple[Arg, ...]
+
+    @property
+    def doc(self) -> str:
+        return inspect.cleandoc(self.run.__doc__ or self.name)
+
+    @property
+    def summary(self) -> str:
+        return self.doc.splitlines()[0]
+
+
+# Subcommands in the order `pdc --help` lists them (Note [Subcommands]).
+COMMANDS: dict[str, Command] = {}
+
+
+def command(name: str, *args: Arg) -> Callable:
+    def register(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+        if name in COMMANDS:
+            raise ValueError(f"subcommand {name!r} is registered twice")
+        COMMANDS[name] = Command(name, fn, args)
+        return fn
+
+    return register
+
+
+def _err(*lines: str) -> None:
+    for line in lines:
+        print(line, file=sys.stderr)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+# ~~~ compiler subcommands ~~~
+
+_SPEC_ARG = arg("specs", nargs="*", metavar="SPEC",
+                help="spec files (default: every specs/*.yaml of the repository)")
+_OUT_ARG = arg("--out", metavar="DIR", type=Path, default=None,
+               help="root of the generated package (default: generated/ of the repository)")
+
+
+def _spec_paths(name: str, given: list[str]) -> list[str | Path] | None:
+    """The specs to work on: those given, else every spec of the repository (None and a
+    message when there is none)."""
+    from pdc.compiler.driver import SPECS_DIR, all_spec_paths, display_path
+
+    if given:
+        return list(given)
+    found = all_spec_paths()
+    if not found:
+        _err(f"pdc {name}: error: no spec given and none found in {display_path(SPECS_DIR)}/")
+        return None
+    return list(found)
+
+
+def _report_errors(name: str, build, n_specs: int, suffix: str = "") -> None:
+    _err(build.render_diagnostics(),
+         f"pdc {name}: {_plural(len(build.diagnostics), 'error')} in {len(build.failed)} of "
+         f"{_plural(n_specs, 'spec')}{suffix}")
+
+
+@command("validate", _SPEC_ARG)
+def cmd_validate(args: argparse.Namespace) -> int:
+    """Check specs and report every error in them.
+
+    Each spec is loaded (YAML with source locations), checked against the JSON Schema
+    (schema/pdc-spec.schema.json), modelled, checked for cross-entity rules (layer ids,
+    sentinels, shard geometry, constraints, backends, deployments) and rendered in memory.
+    Every error of every spec is printed as file:line:col with the source line, a caret and
+    a hint, followed by a one-line summary. Nothing is written.
+
+    Exit status: 0 when every spec is valid, 1 otherwise.
+    """
+    from pdc.compiler.driver import build
+
+    paths = _spec_paths("validate", args.specs)
+    if paths is None:
+        return 2
+    b = build(paths)
+    if not b.ok:
+        _report_errors("validate", b, len(paths))
+        return 1
+    print(f"pdc validate: {_plural(len(paths), 'spec')} ok")
     return 0
+
+
+@command("compile", _SPEC_ARG, _OUT_ARG)
+def cmd_compile(args: argparse.Namespace) -> int:
+    """Validate specs and write their generated modules.
+
+    Writes generated/<family>/__init__.py and layout.py (and every other module the compiler
+    emits) for each spec, touching only files whose content changed. With no SPEC, compiles
+    every specs/*.yaml and also deletes generated files of families that no longer have a
+    spec (only files that carry pdc's @generated header). If any spec has an error, nothing
+    is written.
+
+    Exit status: 0 on success, 1 on a spec error or when a file cannot be written.
+    """
+    from pdc.compiler.driver import DEFAULT_OUT, build, display_path
+
+    paths = _spec_paths("compile", args.specs)
+    if paths is None:
+        return 2
+    b = build(paths)
+    if not b.ok:
+        _report_errors("compile", b, len(paths), "; nothing written")
+        return 1
+    out = args.out if args.out is not None else DEFAULT_OUT
+    label = display_path(out)
+    try:
+        changed = b.output.commit(out)
+        removed, kept = ([], []) if args.specs else b.output.remove_orphans(out)
+    except OSError as e:
+        _err(f"pdc compile: error: cannot write {e.filename or label}: {e.strerror or e}")
+        return 1
+    for p in changed:
+        print(f"wrote {label}/{p}")
+    for p in removed:
+        print(f"removed {label}/{p} (no spec produces it)")
+    for p in kept:
+        _err(f"pdc compile: warning: {label}/{p} is produced by no spec and has no @generated "
+             "header; delete it by hand")
+    n = len(b.output)
+    state = f"{len(changed)} of {_plural(n, 'file')} changed" if changed else \
+        f"{_plural(n, 'file')} up to date"
+    print(f"pdc compile: {state} ({_plural(len(b.specs), 'spec')})")
+    return 0
+
+
+@command("check", _OUT_ARG)
+def cmd_check(args: argparse.Namespace) -> int:
+    """Fail if generated/ is not exactly what the specs compile to.
+
+    Renders every specs/*.yaml in memory and compares the bytes with the files under the
+    output root. When a file differs or is missing, or a .py file there is produced by no
+    spec (an orphan), prints a unified diff, the list of stale and orphan files and the
+    command that regenerates them. CI runs this on every change.
+
+    Exit status: 0 when up to date, 1 when stale or when a spec has an error.
+    """
+    from pdc.compiler.driver import DEFAULT_OUT, build, display_path
+
+    paths = _spec_paths("check", [])
+    if paths is None:
+        return 2
+    b = build(paths)
+    if not b.ok:
+        _report_errors("check", b, len(paths))
+        return 1
+    out = args.out if args.out is not None else DEFAULT_OUT
+    label = display_path(out)
+    try:
+        diff, stale, orphans = b.output.diff(out, label)
+    except OSError as e:
+        _err(f"pdc check: error: cannot read {e.filename or label}: {e.strerror or e}")
+        return 1
+    if not stale and not orphans:
+        print(f"pdc check: {label}/ is up to date ({_plural(len(b.specs), 'spec')}, "
+              f"{_plural(len(b.output), 'file')})")
+        return 0
+    sys.stdout.write(diff)
+    regenerate = "pdc compile" + (f" --out {label}" if args.out is not None else "")
+    problems = [_plural(len(stale), "stale file")] if stale else []
+    problems += [_plural(len(orphans), "orphan file")] if orphans else []
+    _err(f"pdc check: {label}/ is out of date: {', '.join(problems)}",
+         *(f"  {'stale' if (out / p).exists() else 'missing'}: {label}/{p}" for p in stale),
+         *(f"  orphan: {label}/{p} (produced by no spec)" for p in orphans),
+         f"regenerate with: {regenerate}")
+    return 1
+
+
+# ~~~ runtime subcommands ~~~
+
+
+@command(
+    "demo",
+    arg("spec", nargs="?", default=None, metavar="SPEC",
+        help="family spec (default: specs/qwen38.yaml)"),
+    arg("--prefill", default="tp=2", metavar="SIDE",
+        help="prefill layout, e.g. tp=4,pp=2,dp=1 (default: tp=2)"),
+    arg("--decode", default=None, metavar="SIDE",
+        help="decode layout (default: tp=1, or the prefill tp when the backend matrix forbids "
+             "heterogeneous attention TP)"),
+    arg("--engine", default="mooncake", choices=["mooncake", "nixl", "local"],
+        help="transfer engine (default: mooncake over loopback TCP)"),
+    arg("--requests", type=int, default=20, metavar="N", help="requests to run (default: 20)"),
+    arg("--concurrency", type=int, default=4, metavar="N",
+        help="requests in flight at once (default: 4)"),
+    arg("--seed", type=int, default=0, help="seed of lengths, chunking, prefix hits and pages"),
+    arg("--timeout", type=float, default=60.0, metavar="S",
+        help="per-request transfer deadline in seconds (default: 60)"),
+)
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Run prefill and decode ranks as local processes and verify every transferred byte.
+
+    Lowers the plan for SPEC and the given layouts, starts one process per prefill rank and
+    per decode rank, fills the prefill pools with deterministic per-byte labels of each
+    request's aggregate state, runs the requests (mixed lengths, chunked prefill, some with
+    decode prefix-cache hits, fragmented and contiguous pages) through the real transfer
+    engine, and checks every byte of every decode item against the aggregate reference.
+    Prints requests ok/failed, bytes, descriptors, transfer GB/s and latency p50/p99.
+
+    Exit status: 0 when every request was verified, 1 otherwise.
+    """
+    from pdc.compiler.driver import SPECS_DIR, display_path
+    from pdc.demo import default_decode, run_demo
+
+    if args.requests < 1 or args.concurrency < 1:
+        _err("pdc demo: error: --requests and --concurrency must be at least 1")
+        return 2
+    spec = args.spec or str(display_path(SPECS_DIR / "qwen38.yaml"))
+    decode = args.decode
+    if decode is None:
+        decode, note = default_decode(spec, args.prefill, args.engine)
+        if note:
+            print(f"pdc demo: {note}")
+    return run_demo(spec, args.prefill, decode, args.engine, args.requests,
+                    concurrency=args.concurrency, seed=args.seed, timeout_s=args.timeout)
+
+
+# ~~~ entry point ~~~
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pdc",
+        description="Compiler and lean runtime for prefill/decode disaggregated LLM state "
+        "transfer: one YAML spec per model family, generated layout code under generated/.",
+    )
+    parser.add_argument("--version", action="version", version=f"pdc {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for c in COMMANDS.values():
+        p = sub.add_parser(c.name, help=c.summary, description=c.doc,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        for a in c.args:
+            p.add_argument(*a.flags, **a.options)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version (0) and usage errors (2)
+        return e.code if isinstance(e.code, int) else 0
+    if args.command is None:
+        parser.print_usage(sys.stderr)
+        _err("pdc: error: a command is required (see pdc --help)")
+        return 2
+    return COMMANDS[args.command].run(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,54 @@
+"""Transfer engines, looked up by name.
+
+Importing this package imports no engine library: each entry of ENGINES names a module and a
+class, and the module (and with it Mooncake or NIXL) is imported only when that engine is
+made. That keeps `import pdc.runtime` cheap and working on machines with only one engine
+installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from .base import (
+    Batch,
+    BatchState,
+    DescriptorError,
+    TransferEngine,
+    TransferError,
+)
+
+# name -> (module relative to this package, class name)
+ENGINES: dict[str, tuple[str, str]] = {
+    "mooncake": (".mooncake", "MooncakeEngine"),
+    "nixl": (".nixl", "NixlEngine"),
+    "local": (".local", "LocalEngine"),
+}
+
+
+def engine_class(name: str) -> type[TransferEngine]:
+    """The engine class registered under name; imports its module (and library) now."""
+    try:
+        module_name, class_name = ENGINES[name]
+    except KeyError:
+        known = ", ".join(sorted(ENGINES))
+        raise ValueError(f"unknown transfer engine {name!r}; known engines: {known}") from None
+    module = importlib.import_module(module_name, __name__)
+    return getattr(module, class_name)
+
+
+def make_engine(name: str, **kwargs: object) -> TransferEngine:
+    """Constructs the engine registered under name with the engine's own keyword arguments."""
+    return engine_class(name)(**kwargs)
+
+
+__all__ = [
+    "ENGINES",
+    "Batch",
+    "BatchState",
+    "DescriptorError",
+    "TransferEngine",
+    "TransferError",
+    "engine_class",
+    "make_engine",
+]

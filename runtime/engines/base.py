@@ -12,6 +12,11 @@ Contract:
 - `submit_write(peer, src, dst, nbytes)` is non-blocking and returns a `Batch`. The three
   arrays are uint64 numpy arrays of equal length: local source addresses, remote destination
   addresses and byte counts. Engines split batches above their own per-submit limits.
+- Errors come in two kinds. A request refused up front, before any byte moved (malformed
+  arrays, zero lengths, an unknown peer, a range outside registered memory where the engine
+  can check it, a permission error), raises `TransferError` from `submit_write`; malformed
+  arrays raise its subclass `DescriptorError`. Anything that goes wrong once bytes are in
+  flight, a dead peer included, is reported as `BatchState.FAILED` with `Batch.reason`.
 - `poll(batch)` never blocks and returns PENDING, DONE or FAILED; `wait(batch, timeout_s)`
   blocks with a deadline and raises `TransferError` on failure or timeout.
 - `close()` releases everything; it is idempotent.
@@ -28,6 +33,14 @@ import numpy as np
 
 class TransferError(RuntimeError):
     """A transfer failed or timed out; the message names the peer and the reason."""
+
+
+class DescriptorError(TransferError, ValueError):
+    """The (src, dst, nbytes) arrays or a registration request are malformed.
+
+    Raised before anything is sent. It is also a ValueError because it is a caller bug, and a
+    TransferError so that a control plane catching TransferError sees every refusal.
+    """
 
 
 class BatchState(enum.IntEnum):
@@ -92,3 +105,108 @@ class TransferEngine(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+
+def as_descriptors(
+    src: object, dst: object, nbytes: object
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Checks a write request and returns it as three contiguous uint64 arrays.
+
+    Every engine calls this first, so a bad request fails the same way whatever the engine:
+    with a DescriptorError naming the problem, never with an assert or a native crash.
+    """
+    arrays = []
+    for label, value in (("src", src), ("dst", dst), ("nbytes", nbytes)):
+        arr = np.asarray(value)
+        if arr.ndim != 1:
+            raise DescriptorError(f"{label} must be a 1-D array, got shape {arr.shape}")
+        if arr.size and arr.dtype.kind not in "ui":
+            # Floats would silently round addresses above 2**53; bools are not addresses.
+            raise DescriptorError(f"{label} must hold integers, got dtype {arr.dtype}")
+        if arr.dtype.kind == "i" and arr.size and int(arr.min()) < 0:
+            raise DescriptorError(f"{label} has a negative entry ({int(arr.min())})")
+        arrays.append(np.ascontiguousarray(arr, dtype=np.uint64))
+    src_u, dst_u, nbytes_u = arrays
+    if not (src_u.size == dst_u.size == nbytes_u.size):
+        raise DescriptorError(
+            f"src, dst and nbytes must have equal lengths, got "
+            f"{src_u.size}, {dst_u.size} and {nbytes_u.size}"
+        )
+    if src_u.size == 0:
+        raise DescriptorError("empty write request: no descriptors")
+    if not nbytes_u.all():
+        first = int(np.flatnonzero(nbytes_u == 0)[0])
+        raise DescriptorError(f"nbytes[{first}] is 0; every descriptor must move at least 1 byte")
+    ends_ok = (src_u + nbytes_u >= src_u) & (dst_u + nbytes_u >= dst_u)
+    if not ends_ok.all():
+        first = int(np.flatnonzero(~ends_ok)[0])
+        raise DescriptorError(f"descriptor {first} wraps around the 64-bit address space")
+    return src_u, dst_u, nbytes_u
+
+
+def check_region(addr: object, nbytes: object) -> tuple[int, int]:
+    """Checks one register() request; returns (addr, nbytes) as Python ints."""
+    try:
+        addr_i, nbytes_i = int(addr), int(nbytes)  # type: ignore[call-overload]
+    except (TypeError, ValueError) as exc:
+        raise DescriptorError(f"register needs integer addr and nbytes: {exc}") from None
+    if addr_i <= 0 or addr_i >= 1 << 64:
+        raise DescriptorError(f"register: addr {addr_i:#x} is not a valid address")
+    if nbytes_i <= 0 or addr_i + nbytes_i > 1 << 64:
+        raise DescriptorError(f"register: nbytes {nbytes_i} is not a valid length at {addr_i:#x}")
+    return addr_i, nbytes_i
+
+
+class RegionTable:
+    """Registered (addr, nbytes) ranges of one process, with a vectorised containment check.
+
+    Engines use it to refuse overlapping registrations (Mooncake rejects them, NIXL accepts
+    them silently) and, where the engine cannot check remote ranges itself, to refuse a write
+    that leaves the peer's registered memory before any byte moves.
+    """
+
+    def __init__(self, ranges: list[tuple[int, int]] | None = None) -> None:
+        self._ranges: dict[int, int] = {}
+        for addr, nbytes in ranges or []:
+            self.add(addr, nbytes)
+
+    def add(self, addr: int, nbytes: int) -> None:
+        addr, nbytes = check_region(addr, nbytes)
+        for other, other_nbytes in self._ranges.items():
+            if addr < other + other_nbytes and other < addr + nbytes:
+                raise DescriptorError(
+                    f"register: [{addr:#x}, +{nbytes}) overlaps the registered "
+                    f"[{other:#x}, +{other_nbytes})"
+                )
+        self._ranges[addr] = nbytes
+
+    def remove(self, addr: int) -> int:
+        """Forgets the range starting at addr; returns its nbytes."""
+        try:
+            return self._ranges.pop(int(addr))
+        except KeyError:
+            raise DescriptorError(f"deregister: no registered range starts at {addr:#x}") from None
+
+    def items(self) -> list[tuple[int, int]]:
+        return sorted(self._ranges.items())
+
+    def __len__(self) -> int:
+        return len(self._ranges)
+
+    def outside(self, addr: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+        """Indices of descriptors whose [addr, addr+nbytes) is not inside one single range.
+
+        A descriptor straddling two adjacent registrations counts as outside, as it does for
+        the engines themselves, which look up one registration per descriptor.
+        """
+        items = self.items()
+        if not items:
+            return np.arange(addr.size)
+        starts = np.array([a for a, _ in items], dtype=np.uint64)
+        ends = np.array([a + n for a, n in items], dtype=np.uint64)
+        # The only candidate range is the last one starting at or below addr.
+        slot = np.searchsorted(starts, addr, side="right").astype(np.int64) - 1
+        inside = slot >= 0
+        safe = np.where(inside, slot, 0)
+        inside &= addr + nbytes <= ends[safe]
+        return np.flatnonzero(~inside)

@@ -1,0 +1,420 @@
+"""`pdc demo`: prefill and decode ranks as local processes, real engine, every byte checked.
+
+The parent lowers the plan (it may import the compiler); every rank process imports only
+the runtime and the family's generated modules. Ranks fill their pools with the aggregate
+labels of each request (runtime.labels), requests run in waves of `concurrency`, and every
+decode rank verifies every byte of every item it owns after Success.
+
+Page ids are allocated by the parent from per-(side, dp group) free lists in a shuffled
+order (fragmented pools), except every fourth request, which gets contiguous pages.
+"""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing as mp
+import os
+import queue
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+ROLE_PREFILL, ROLE_DECODE = "prefill", "decode"
+
+
+@dataclass
+class Req:
+    room: int
+    tokens: int
+    chunk_tokens: int
+    prefix_tokens: int
+    # per side: page ids (one per absolute page position), slot, ring slot, aux row, window ids
+    ids: dict = field(default_factory=dict)
+
+
+@dataclass
+class DemoConfig:
+    spec: str
+    family_module: str  # python name under pdc.generated
+    plan_json: str
+    engine: str
+    requests: int
+    concurrency: int
+    seed: int
+    pages: int
+    slots: int
+    timeout_s: float
+
+
+# ~~~ rank process ~~~
+
+
+def _labels_for(layout, plan, side, rank, seed, req: Req, side_ids):
+    """Yield (component, entry position, item id, expected bytes) of one request on a rank."""
+    from pdc.runtime.indices import window_first_page
+    from pdc.runtime.labels import item_labels, project
+
+    topo = plan.topology
+    s = topo.prefill if side == ROLE_PREFILL else topo.decode
+    reg = plan.registration(side, rank)
+    page_size = s.page_size
+    n_pages = -(-req.tokens // page_size)
+    for comp in layout.components:
+        positions: list[tuple[int, int]] = []  # (position within request, item id)
+        if comp.index == "page":
+            positions = [(p, int(side_ids["pages"][p])) for p in range(n_pages)]
+        elif comp.index == "window":
+            first = window_first_page(req.tokens, comp.window_tokens, page_size)
+            positions = [(first + i, int(w)) for i, w in enumerate(side_ids["window"])]
+        elif comp.index == "slot":
+            positions = [(0, side_ids["slot"])]
+        elif comp.index == "aux":
+            positions = [(0, side_ids["aux"])]
+        elif comp.index == "ring":
+            r = comp.ring_rows
+            positions = [(i, side_ids["ring"] * r + i) for i in range(r)]
+        for pos, (tensor, layer_id) in enumerate(reg.entries(comp.name)):
+            for where, item in positions:
+                full = item_labels(seed, req.room, comp, tensor, layer_id, where)
+                yield comp, pos, item, where, project(comp, full, s.tp, rank.tp)
+
+
+def _rank_main(cfg: DemoConfig, side: str, dp: int, pp: int, tp: int, cmd_q, res_q,
+               log_path: str) -> None:
+    os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
+    os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
+    # Mooncake's glog writes to fd 2 and cannot be silenced otherwise: keep each rank's
+    # native log in a file and show it only when the rank fails.
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 2)
+    try:
+        _rank_loop(cfg, side, dp, pp, tp, cmd_q, res_q)
+    except Exception as e:  # noqa: BLE001 - report to the parent instead of dying silently
+        import traceback
+
+        res_q.put(("crash", side, dp, pp, tp, f"{e!r}\n{traceback.format_exc()}"))
+
+
+def _rank_loop(cfg, side, dp, pp, tp, cmd_q, res_q):
+    from pdc.runtime import knobs
+    from pdc.runtime.control import BootstrapServer
+    from pdc.runtime.endpoints import DecodeEndpoint, KVPoll, PrefillEndpoint
+    from pdc.runtime.engines import make_engine
+    from pdc.runtime.plan_types import Plan, RankId, dp_group_of_room
+    from pdc.runtime.pools import Capacity, RankPools
+
+    knobs.override(transfer_timeout_s=cfg.timeout_s)
+    layout_mod = importlib.import_module(f"pdc.generated.{cfg.family_module}.layout")
+    wire_mod = importlib.import_module(f"pdc.generated.{cfg.family_module}.wire")
+    layout = layout_mod.LAYOUT
+    plan = Plan.from_json(cfg.plan_json)
+    rank = RankId(pp, tp)
+    topo = plan.topology
+    boot = None
+    if side == ROLE_PREFILL and (dp, pp, tp) == (0, 0, 0):
+        boot = BootstrapServer(topo.prefill.dp * topo.prefill.pp * topo.prefill.tp)
+        res_q.put(("bootstrap", boot.address))
+    bootstrap = cmd_q.get()
+    cap = Capacity(pages=cfg.pages, slots=cfg.slots, aux_rows=cfg.slots, window_pages=cfg.pages)
+    pools = RankPools(layout, plan.registration(side, rank), cap)
+    engine = make_engine(cfg.engine)
+    if side == ROLE_PREFILL:
+        ep = PrefillEndpoint(layout, wire_mod, plan, rank, dp, engine, pools, bootstrap)
+    else:
+        ep = DecodeEndpoint(layout, wire_mod, plan, rank, dp, engine, pools, bootstrap)
+        ep.wait_ready()
+    res_q.put(("ready", side, dp, pp, tp))
+    my_dp = topo.prefill.dp if side == ROLE_PREFILL else topo.decode.dp
+    while True:
+        cmd = cmd_q.get()
+        if cmd is None:
+            break
+        wave: list[Req] = [r for r in cmd if dp_group_of_room(r.room, my_dp) == dp]
+        results = []
+        if side == ROLE_PREFILL:
+            senders = {}
+            for r in wave:
+                ids = r.ids[side]
+                for comp, pos, item, _, data in _labels_for(layout, plan, side, rank, cfg.seed,
+                                                             r, ids):
+                    pools.view(comp.name, pos)[item] = data
+                s = ep.sender(r.room)
+                page_size = topo.prefill.page_size
+                n_pages = len(ids["pages"])
+                per_chunk = r.chunk_tokens // page_size
+                starts = list(range(0, n_pages, per_chunk)) or [0]
+                for i, p0 in enumerate(starts):
+                    last = i == len(starts) - 1
+                    s.send(ids["pages"][p0:p0 + per_chunk], p0, last,
+                           min(r.tokens, (p0 + per_chunk) * page_size),
+                           slot=ids["slot"] if last else -1,
+                           ring_slot=ids["ring"] if last else -1,
+                           aux_row=ids["aux"] if last else -1,
+                           window_page_ids=ids["window"] if last else None)
+                senders[r.room] = s
+            deadline = time.monotonic() + cfg.timeout_s + 5
+            while senders and time.monotonic() < deadline:
+                for room, s in list(senders.items()):
+                    st = s.poll()
+                    if st in (KVPoll.Success, KVPoll.Failed):
+                        t = s.stats
+                        results.append((room, int(st), s.reason, t.bytes, t.descriptors,
+                                        max(0.0, t.t_done - t.t_init)))
+                        del senders[room]
+                time.sleep(0.002)
+            results += [(room, int(KVPoll.Failed), "prefill deadline", 0, 0, 0.0)
+                        for room in senders]
+        else:
+            recvs = {}
+            for r in wave:
+                ids = r.ids[side]
+                page_size = topo.decode.page_size
+                prefix_pages = r.prefix_tokens // page_size
+                for comp, pos, item, where, data in _labels_for(layout, plan, side, rank,
+                                                                 cfg.seed, r, ids):
+                    view = pools.view(comp.name, pos)
+                    if comp.index == "page" and where < prefix_pages:
+                        view[item] = data  # decode prefix cache already holds these pages
+                    else:
+                        view[item] = 0xA5  # poison: every byte must be overwritten
+                rv = ep.receiver(r.room)
+                rv.init(ids["pages"], r.prefix_tokens, slot=ids["slot"], ring_slot=ids["ring"],
+                        aux_row=ids["aux"], window_page_ids=ids["window"])
+                recvs[r.room] = (rv, r, time.monotonic())
+            pending = dict(recvs)
+            while pending:
+                for room, (rv, r, t0) in list(pending.items()):
+                    st = rv.poll()
+                    if st == KVPoll.Success:
+                        dt = time.monotonic() - t0
+                        bad = _verify(layout, plan, rank, cfg.seed, r, pools)
+                        results.append((room, int(KVPoll.Success) if not bad else
+                                        int(KVPoll.Failed), bad, rv.bytes, dt))
+                        del pending[room]
+                    elif st == KVPoll.Failed:
+                        results.append((room, int(st), rv.reason, 0, 0.0))
+                        del pending[room]
+                time.sleep(0.001)
+            for rv, _, _ in recvs.values():
+                rv.release()
+        res_q.put(("wave", side, dp, pp, tp, results))
+    ep.close()
+    if boot is not None:
+        boot.close()
+    engine.close()
+    res_q.put(("bye", side, dp, pp, tp))
+
+
+def _verify(layout, plan, rank, seed, req: Req, pools) -> str:
+    for comp, pos, item, where, data in _labels_for(layout, plan, ROLE_DECODE, rank, seed, req,
+                                                    req.ids[ROLE_DECODE]):
+        got = pools.view(comp.name, pos)[item]
+        if not np.array_equal(got, data):
+            n = int((got != data).sum())
+            return (f"{comp.name} entry {pos} position {where}: {n} of {len(data)} bytes differ "
+                    "from the aggregate reference")
+    return ""
+
+
+# ~~~ parent ~~~
+
+
+def _allocate(cfg: DemoConfig, plan, layout, reqs: list[Req], rng) -> None:
+    from pdc.runtime.indices import window_first_page
+
+    topo = plan.topology
+    for side, s in ((ROLE_PREFILL, topo.prefill), (ROLE_DECODE, topo.decode)):
+        groups: dict[int, list[Req]] = {}
+        for r in reqs:
+            groups.setdefault(r.room % s.dp, []).append(r)
+        for _, rs in groups.items():
+            sizes = [-(-r.tokens // s.page_size) for r in rs]
+            contiguous = [r.room % 4 == 0 for r in rs]
+            n_contig = sum(n for n, c in zip(sizes, contiguous, strict=True) if c)
+            # Contiguous requests take consecutive ids from the bottom of the pool, the others
+            # a shuffled (fragmented) order of the rest.
+            frag = rng.permutation(np.arange(n_contig, cfg.pages, dtype=np.int64))
+            wins = rng.permutation(cfg.pages)
+            slots = rng.permutation(cfg.slots)
+            c_next = f_next = w_next = 0
+            for i, (r, n) in enumerate(zip(rs, sizes, strict=True)):
+                if contiguous[i]:
+                    page_ids = np.arange(c_next, c_next + n, dtype=np.int64)
+                    c_next += n
+                else:
+                    page_ids = frag[f_next:f_next + n]
+                    f_next += n
+                nw = 0
+                for c in layout.components:
+                    if c.index == "window":
+                        nw = n - window_first_page(r.tokens, c.window_tokens, s.page_size)
+                r.ids[side] = {"pages": page_ids, "slot": int(slots[i]), "ring": int(slots[i]),
+                               "aux": int(slots[i]),
+                               "window": wins[w_next:w_next + nw].astype(np.int64)}
+                w_next += nw
+
+
+def default_decode(spec_path: str, prefill: str, engine: str) -> tuple[str, str]:
+    """decode tp=1 unless the spec's backend matrix forbids heterogeneous attention TP for
+    this engine; then decode uses the prefill tp (and says so)."""
+    from pdc.compiler.diagnostics import SpecErrors
+    from pdc.compiler.frontend import load_spec
+    from pdc.compiler.topology import parse_side_arg
+
+    try:
+        spec = load_spec(spec_path)
+    except SpecErrors:
+        return "tp=1", ""  # run_demo reports the spec's errors
+    rule = spec.backend(engine)
+    side, errs = parse_side_arg(prefill, "--prefill")
+    tp = side.get("tp", 1)
+    if rule is not None and not rule.hetero_attention_tp and tp != 1 and not errs:
+        return (f"tp={tp}", f"{spec.family} over {engine} forbids heterogeneous attention TP "
+                f"(spec {rule.loc}); using decode tp={tp}")
+    return "tp=1", ""
+
+
+def run_demo(spec_path: str, prefill: str, decode: str, engine: str, requests: int,
+             concurrency: int = 4, seed: int = 0, timeout_s: float = 60.0,
+             out=sys.stdout) -> int:
+    from pdc.compiler.diagnostics import SpecErrors
+    from pdc.compiler.frontend import load_spec
+    from pdc.compiler.layout import build_layout
+    from pdc.compiler.lower import lower
+    from pdc.compiler.topology import topology_from_args
+
+    try:
+        spec = load_spec(spec_path)
+        layout = build_layout(spec)
+        topo, errs = topology_from_args(layout, prefill, decode, engine)
+        if errs:
+            raise SpecErrors(errs)
+        plan = lower(layout, topo, spec.backends)
+    except SpecErrors as e:
+        print(str(e), file=sys.stderr)
+        return 1
+    try:
+        importlib.import_module(f"pdc.generated.{spec.py_name}.wire")
+    except ImportError:
+        print(f"pdc demo: error: generated/{spec.py_name}/wire.py is missing\n"
+              f"  hint: run `pdc compile {spec_path}`", file=sys.stderr)
+        return 1
+    page_size = topo.prefill.page_size
+    slots = max(concurrency, 1)
+    max_pages_per_req = 8
+    cfg = DemoConfig(spec_path, spec.py_name, plan.to_json(), engine, requests, concurrency,
+                     seed, pages=max_pages_per_req * concurrency, slots=slots,
+                     timeout_s=timeout_s)
+    rng = np.random.default_rng(seed)
+    reqs = []
+    for i in range(requests):
+        n_pages = int(rng.integers(1, max_pages_per_req + 1))
+        tokens = (n_pages - 1) * page_size + int(rng.integers(1, page_size + 1))
+        chunk_pages = int(rng.integers(1, n_pages + 1))
+        prefix = int(rng.integers(0, n_pages)) * page_size if i % 3 == 1 else 0
+        reqs.append(Req(room=1000 + i, tokens=tokens, chunk_tokens=chunk_pages * page_size,
+                        prefix_tokens=prefix))
+
+    ctx = mp.get_context("spawn")
+    res_q = ctx.Queue()
+    procs, cmd_qs = [], []
+    ranks = [(ROLE_PREFILL, g, s, t) for g in range(topo.prefill.dp)
+             for s in range(topo.prefill.pp) for t in range(topo.prefill.tp)]
+    ranks += [(ROLE_DECODE, g, s, t) for g in range(topo.decode.dp)
+              for s in range(topo.decode.pp) for t in range(topo.decode.tp)]
+    print(f"pdc demo: {spec.family} {topo.describe()}; {len(ranks)} rank processes, "
+          f"{requests} requests", file=out)
+    t_start = time.monotonic()
+    log_dir = tempfile.mkdtemp(prefix="pdc-demo-")
+    for side, g, s, t in ranks:
+        q = ctx.Queue()
+        log = os.path.join(log_dir, f"{side}-dp{g}-pp{s}-tp{t}.log")
+        p = ctx.Process(target=_rank_main, args=(cfg, side, g, s, t, q, res_q, log),
+                        daemon=True)
+        p.start()
+        procs.append(p)
+        cmd_qs.append(q)
+
+    def get(timeout=60.0):
+        msg = res_q.get(timeout=timeout)
+        if msg[0] == "crash":
+            raise RuntimeError(f"{msg[1]} dp{msg[2]} pp{msg[3]} tp{msg[4]} crashed: {msg[5]}")
+        return msg
+
+    try:
+        msg = get()
+        boot = msg[1]
+        for q in cmd_qs:
+            q.put(boot)
+        for _ in ranks:
+            get()
+        outcome: dict[int, list] = {}
+        done = 0
+        for w in range(0, requests, concurrency):
+            wave = reqs[w:w + concurrency]
+            _allocate(cfg, plan, layout, wave, rng)
+            for q in cmd_qs:
+                q.put(wave)
+            for _ in ranks:
+                m = get(timeout=timeout_s + 30)
+                for res in m[5]:
+                    outcome.setdefault(res[0], []).append((m[1], res))
+            done += len(wave)
+            bar = "#" * (30 * done // requests)
+            print(f"\r  [{bar:<30}] {done}/{requests}", end="", file=sys.stderr, flush=True)
+        print(file=sys.stderr)
+        for q in cmd_qs:
+            q.put(None)
+        for _ in ranks:
+            get()
+    except (RuntimeError, queue.Empty) as e:
+        print(f"pdc demo: error: {e}\n  rank logs: {log_dir}", file=sys.stderr)
+        for p in procs:
+            p.kill()
+        return 1
+    for p in procs:
+        p.join(timeout=10)
+        if p.is_alive():
+            p.kill()
+    wall = time.monotonic() - t_start
+    shutil.rmtree(log_dir, ignore_errors=True)
+    return _report(outcome, reqs, wall, out)
+
+
+def _report(outcome, reqs, wall, out) -> int:
+    ok, failed, reasons, nbytes, lat, desc, xfer = 0, 0, [], 0, [], 0, []
+    for r in reqs:
+        res = outcome.get(r.room, [])
+        dec = [x for side, x in res if side == ROLE_DECODE]
+        pre = [x for side, x in res if side == ROLE_PREFILL]
+        good = dec and all(x[1] == 3 for side, x in res)
+        if good:
+            ok += 1
+            nbytes += sum(x[3] for x in dec)
+            lat.append(max(x[4] for x in dec))
+            desc += sum(x[4] for x in pre)
+            xfer.append(max(x[5] for x in pre) if pre else 0.0)
+        else:
+            failed += 1
+            why = next((x[2] for _, x in res if x[1] != 3 and x[2]), "no result")
+            reasons.append(f"room {r.room}: {why}")
+    p50 = np.percentile(lat, 50) * 1e3 if lat else 0.0
+    p99 = np.percentile(lat, 99) * 1e3 if lat else 0.0
+    busy = sum(xfer)
+    rows = [("requests ok", f"{ok}"), ("requests failed", f"{failed}"),
+            ("bytes moved", f"{nbytes / 2**20:.1f} MiB (every byte verified)"),
+            ("descriptors", f"{desc}"),
+            ("transfer GB/s", f"{nbytes / busy / 1e9:.3f} (bytes / summed first-submit-to-done "
+                              "time)" if busy else "n/a"),
+            ("wall", f"{wall:.1f} s (labels, verification and process start included)"),
+            ("latency p50", f"{p50:.1f} ms (decode init to verified Success)"),
+            ("latency p99", f"{p99:.1f} ms")]
+    for k, v in rows:
+        print(f"  {k:<16} {v}", file=out)
+    for line in reasons[:10]:
+        print(f"  FAILED {line}", file=out)
+    return 0 if failed == 0 else 1

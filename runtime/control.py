@@ -1,0 +1,241 @@
+"""Control plane plumbing over ZeroMQ: the bootstrap table and a threaded message hub.
+
+Bootstrap: the prefill leader runs `BootstrapServer` (a REP socket). Every prefill rank puts
+its control endpoint under (dp group, pp, tp); decode ranks get the table once it is
+complete. Requests are small JSON objects; anything else gets an error reply, never a crash.
+
+Hub: each endpoint owns one `Hub` thread that alone touches its sockets (ZeroMQ sockets are
+not thread-safe). Other threads hand it outgoing frames through `send()`, which pushes onto
+an inproc socket the hub polls beside its network sockets; incoming frames go to a handler
+callback running on the hub thread.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+
+import zmq
+
+from . import knobs
+
+LOOPBACK = "127.0.0.1"
+
+
+class ControlError(RuntimeError):
+    """The control plane could not do what was asked; the message says why."""
+
+
+def _bind_random(sock: zmq.Socket) -> str:
+    port = sock.bind_to_random_port(f"tcp://{LOOPBACK}")
+    return f"tcp://{LOOPBACK}:{port}"
+
+
+class BootstrapServer:
+    """Prefill leader's table of prefill control endpoints: (dp, pp, tp) -> address."""
+
+    def __init__(self, expected: int, ctx: zmq.Context | None = None):
+        self.expected = expected
+        self.table: dict[str, str] = {}
+        self.ctx = ctx or zmq.Context.instance()
+        self.sock = self.ctx.socket(zmq.REP)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, 64 << 10)
+        self.address = _bind_random(self.sock)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pdc-bootstrap", daemon=True)
+        self._thread.start()
+
+    def _reply(self, req: bytes) -> dict:
+        try:
+            msg = json.loads(req)
+            op = msg["op"]
+        except (ValueError, KeyError, TypeError):
+            return {"error": "bad request: expected JSON with an 'op'"}
+        if op == "put":
+            try:
+                key = f"{int(msg['dp'])}/{int(msg['pp'])}/{int(msg['tp'])}"
+                addr = str(msg["endpoint"])
+            except (KeyError, ValueError, TypeError):
+                return {"error": "put needs integer dp, pp, tp and an endpoint"}
+            if key not in self.table and len(self.table) >= self.expected:
+                return {"error": f"table already holds {self.expected} ranks"}
+            self.table[key] = addr
+            return {"ok": True}
+        if op == "get":
+            return {"ready": len(self.table) >= self.expected, "table": self.table}
+        return {"error": f"unknown op '{op}'"}
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        while not self._stop.is_set():
+            if not poller.poll(50):
+                continue
+            try:
+                req = self.sock.recv()
+            except zmq.ZMQError:
+                continue
+            self.sock.send(json.dumps(self._reply(req)).encode())
+        self.sock.close(0)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+
+
+def bootstrap_call(address: str, request: dict, timeout_s: float) -> dict:
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.REQ)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, int(timeout_s * 1000))
+    sock.setsockopt(zmq.SNDTIMEO, int(timeout_s * 1000))
+    try:
+        sock.connect(address)
+        sock.send(json.dumps(request).encode())
+        reply = json.loads(sock.recv())
+    except zmq.Again:
+        raise ControlError(f"bootstrap server {address} did not answer within {timeout_s} s") \
+            from None
+    finally:
+        sock.close(0)
+    if "error" in reply:
+        raise ControlError(f"bootstrap server {address}: {reply['error']}")
+    return reply
+
+
+def fetch_table(address: str, timeout_s: float) -> dict[tuple[int, int, int], str]:
+    """Wait until every prefill rank has registered, then return the table."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        reply = bootstrap_call(address, {"op": "get"}, max(0.1, deadline - time.monotonic()))
+        if reply["ready"]:
+            return {tuple(map(int, k.split("/"))): v for k, v in reply["table"].items()}
+        if time.monotonic() > deadline:
+            raise ControlError(f"bootstrap table at {address} incomplete after {timeout_s} s: "
+                               f"{len(reply['table'])} prefill ranks registered")
+        time.sleep(0.02)
+
+
+class Hub:
+    """One thread owning a ROUTER (server) or DEALERs (client side) plus an inproc outbox.
+
+    Server mode (`bind=True`): peers connect; incoming frames carry the peer identity, and
+    `send(identity, payload)` answers a peer. Client mode: `connect(name, address)` opens one
+    DEALER per peer; `send(name, payload)` writes to it.
+    """
+
+    def __init__(self, handler, bind: bool, on_tick=None, ctx: zmq.Context | None = None):
+        self.ctx = ctx or zmq.Context.instance()
+        self.handler = handler  # handler(peer_key: bytes|str, payload: bytes) on the hub thread
+        self.on_tick = on_tick  # called on the hub thread at least every 50 ms
+        self.bind = bind
+        self._outbox_addr = f"inproc://pdc-outbox-{uuid.uuid4().hex}"
+        self._pull = self.ctx.socket(zmq.PULL)
+        self._pull.bind(self._outbox_addr)
+        self._push = self.ctx.socket(zmq.PUSH)
+        self._push.connect(self._outbox_addr)
+        self._push_lock = threading.Lock()
+        self._dealers: dict[str, zmq.Socket] = {}
+        self._pending_connects: list[tuple[str, str]] = []
+        self.address = ""
+        self._router = None
+        if bind:
+            self._router = self.ctx.socket(zmq.ROUTER)
+            self._router.setsockopt(zmq.LINGER, 0)
+            self._router.setsockopt(zmq.MAXMSGSIZE, knobs.get("max_message_bytes"))
+            self._router.setsockopt(zmq.ROUTER_MANDATORY, 0)
+            self.address = _bind_random(self._router)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pdc-hub", daemon=True)
+        self._thread.start()
+
+    def connect(self, name: str, address: str) -> None:
+        self._post([b"C", name.encode(), address.encode()])
+
+    def send(self, peer, payload: bytes) -> None:
+        key = peer if isinstance(peer, bytes) else peer.encode()
+        self._post([b"S", key, payload])
+
+    def _post(self, frames: list[bytes]) -> None:
+        with self._push_lock:
+            self._push.send_multipart(frames)
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._pull, zmq.POLLIN)
+        if self._router is not None:
+            poller.register(self._router, zmq.POLLIN)
+        socks_by_obj: dict = {}
+        while not self._stop.is_set():
+            events = dict(poller.poll(20))
+            if self._pull in events:
+                while True:
+                    try:
+                        op, key, arg = self._pull.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    if op == b"C":
+                        s = self.ctx.socket(zmq.DEALER)
+                        s.setsockopt(zmq.LINGER, 0)
+                        s.setsockopt(zmq.MAXMSGSIZE, knobs.get("max_message_bytes"))
+                        s.connect(arg.decode())
+                        self._dealers[key.decode()] = s
+                        socks_by_obj[s] = key.decode()
+                        poller.register(s, zmq.POLLIN)
+                    elif self._router is not None:
+                        try:
+                            self._router.send_multipart([key, arg], zmq.NOBLOCK)
+                        except zmq.ZMQError:
+                            pass  # peer gone: its requests fail by heartbeat/deadline
+                    elif key.decode() in self._dealers:
+                        try:
+                            self._dealers[key.decode()].send(arg, zmq.NOBLOCK)
+                        except zmq.ZMQError:
+                            pass
+            if self._router is not None and self._router in events:
+                while True:
+                    try:
+                        frames = self._router.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    if len(frames) == 2:
+                        self._dispatch(frames[0], frames[1])
+            for s, name in list(socks_by_obj.items()):
+                if s in events:
+                    while True:
+                        try:
+                            payload = s.recv(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        self._dispatch(name, payload)
+            if self.on_tick is not None:
+                self._guard(self.on_tick)
+        for s in list(self._dealers.values()):
+            s.close(0)
+        if self._router is not None:
+            self._router.close(0)
+        self._pull.close(0)
+
+    def _dispatch(self, peer, payload: bytes) -> None:
+        self._guard(self.handler, peer, payload)
+
+    def _guard(self, fn, *args) -> None:
+        # A handler bug must not kill the control thread: every request on this endpoint
+        # would hang. Log and go on; the affected request fails by its own deadline.
+        try:
+            fn(*args)
+        except Exception as e:  # noqa: BLE001
+            import sys
+            import traceback
+
+            print(f"pdc: control handler error: {e!r}", file=sys.stderr)
+            traceback.print_exc()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        with self._push_lock:
+            self._push.close(0)

@@ -1,0 +1,336 @@
+"""NIXL with its UCX backend, host (DRAM) memory.
+
+Environment defaults, applied with os.environ.setdefault when this engine is first constructed
+(before NIXL is imported) and only for variables that are unset:
+- UCX_TLS=tcp and UCX_NET_DEVICES=lo: stay on the loopback TCP path. Without UCX_TLS, UCX
+  quietly moves same-host bytes with CMA, and without UCX_NET_DEVICES it also listens on, and
+  advertises, every other interface. On a GPU/RDMA host set both explicitly before creating
+  the engine (e.g. UCX_TLS=rc,cuda_copy and the NIC names).
+- NIXL_LOG_LEVEL=WARN and UCX_LOG_FILE=stderr: both libraries log to stdout by default.
+- UCX_MODULES=^efa: with Debian's ibverbs-providers installed, UCX's efa module loads a second
+  libnl and the process segfaults at exit.
+
+Traps handled here:
+- The Python API creates every agent with a progress-thread delay of 0, so each agent's UCX
+  progress thread busy-polls one core even when idle. Agents are created with a short poll
+  timeout instead (progress_delay_us). The thread itself stays: over TCP the target must
+  progress UCX for a WRITE to complete.
+- NIXL has no transfer timeout: a WRITE to a stopped (not dead) peer stays "PROC" forever.
+  Every batch carries a deadline (transfer_timeout_s); poll() cancels it after that.
+- check_xfer_state raises, rather than returning "ERR", when the peer disconnects; every NIXL
+  call is wrapped and its exception becomes FAILED or TransferError.
+- Transfer handles are released as soon as a batch ends (or at close()).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from types import ModuleType
+
+import numpy as np
+
+from .base import (
+    Batch,
+    BatchState,
+    DescriptorError,
+    RegionTable,
+    TransferEngine,
+    TransferError,
+    as_descriptors,
+    check_region,
+)
+
+ENV_DEFAULTS = {
+    "UCX_TLS": "tcp",
+    "UCX_NET_DEVICES": "lo",
+    "UCX_LOG_FILE": "stderr",
+    "UCX_MODULES": "^efa",
+    "NIXL_LOG_LEVEL": "WARN",
+}
+# 1 ms: measured idle cost ~0.03 s CPU per 3 s, and TCP throughput above stock busy-polling.
+DEFAULT_PROGRESS_DELAY_US = 1000
+DEFAULT_TRANSFER_TIMEOUT_S = 30.0
+# `nixl` is the meta package on GPU hosts (it picks the CUDA flavour); the wheels work alone.
+_API_MODULES = ("nixl._api", "nixl_cu13._api", "nixl_cu12._api")
+# The progress-delay override swaps a module attribute for the duration of agent creation.
+_AGENT_CREATE_LOCK = threading.Lock()
+
+
+def _prepare_environment() -> None:
+    for key, value in ENV_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+
+
+def _import_api() -> ModuleType:
+    errors = []
+    for module in _API_MODULES:
+        try:
+            return importlib.import_module(module)
+        except ImportError as exc:
+            errors.append(f"{module}: {exc}")
+    raise TransferError("nixl: no NIXL Python API importable (" + "; ".join(errors) + ")")
+
+
+def _binding_errors(api: ModuleType) -> tuple[type[Exception], ...]:
+    # The binding's errors share no base class other than Exception; catch exactly them.
+    bindings = api.nixlBind
+    return tuple(
+        getattr(bindings, n) for n in dir(bindings) if n.startswith("nixl") and n.endswith("Error")
+    )
+
+
+def _create_agent(api: ModuleType, agent_name: str, progress_delay_us: int) -> object:
+    """nixl_agent with the UCX backend whose progress thread sleeps progress_delay_us per poll.
+
+    nixl_agent.__init__ writes `pthrDelay = 0` into the binding's config object; a subclass of
+    that config class turns exactly that write into progress_delay_us. The class is swapped in
+    only while this agent is built, under a lock, and restored afterwards.
+    """
+    bindings = api.nixlBind
+    original = bindings.nixlAgentConfig
+
+    class _DelayedProgressConfig(original):  # type: ignore[misc, valid-type]
+        def __setattr__(self, key: str, value: object) -> None:
+            if key == "pthrDelay" and value == 0:
+                value = progress_delay_us
+            super().__setattr__(key, value)
+
+    with _AGENT_CREATE_LOCK:
+        bindings.nixlAgentConfig = _DelayedProgressConfig
+        try:
+            config = api.nixl_agent_config(enable_prog_thread=True, backends=["UCX"])
+            agent = api.nixl_agent(agent_name, config)
+        except _binding_errors(api) as exc:
+            raise TransferError(
+                f"nixl: cannot create agent {agent_name!r} with the UCX backend: {exc!r} "
+                f"(UCX_TLS={os.environ.get('UCX_TLS')!r}, "
+                f"UCX_NET_DEVICES={os.environ.get('UCX_NET_DEVICES')!r})"
+            ) from None
+        finally:
+            bindings.nixlAgentConfig = original
+    if "UCX" not in agent.backends:
+        raise TransferError("nixl: the UCX backend plugin is missing from this NIXL install")
+    return agent
+
+
+@dataclass
+class _Xfer:
+    handle: object  # nixl_xfer_handle
+    deadline: float  # time.monotonic() after which the batch is cancelled
+
+
+class NixlEngine(TransferEngine):
+    """NIXL/UCX between processes; one agent per engine, any number per process, thread-safe.
+
+    UCX opens one TCP listener on an ephemeral port per allowed device (only lo by default);
+    there is no fixed port to open.
+    """
+
+    name = "nixl"
+
+    def __init__(
+        self,
+        agent_name: str | None = None,
+        progress_delay_us: int = DEFAULT_PROGRESS_DELAY_US,
+        transfer_timeout_s: float = DEFAULT_TRANSFER_TIMEOUT_S,
+    ) -> None:
+        """
+        agent_name: must be unique among the agents that connect to each other; the default
+          includes the pid and a random suffix.
+        progress_delay_us: poll timeout of the UCX progress thread (0 = NIXL's busy-poll).
+        transfer_timeout_s: a batch not finished after this long is cancelled and FAILED.
+        """
+        if progress_delay_us < 0 or transfer_timeout_s <= 0:
+            raise DescriptorError("nixl: progress_delay_us >= 0 and transfer_timeout_s > 0")
+        _prepare_environment()
+        api = _import_api()
+        self._errors = _binding_errors(api)
+        self._agent_name = agent_name or f"pdc-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._agent = _create_agent(api, self._agent_name, int(progress_delay_us))
+        self._transfer_timeout_s = float(transfer_timeout_s)
+        self._regions = RegionTable()
+        self._reg_dlists: dict[int, object] = {}
+        self._peers: set[str] = set()
+        self._inflight: dict[int, _Xfer] = {}
+        # The agent is created without NIXL's own locking (sync mode NONE); this lock is it.
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # -- memory -------------------------------------------------------------------------------
+
+    def register(self, addr: int, nbytes: int) -> None:
+        addr, nbytes = check_region(addr, nbytes)
+        with self._lock:
+            self._check_open()
+            self._regions.add(addr, nbytes)
+            try:
+                dlist = self._agent.register_memory([(addr, nbytes, 0, "")], "DRAM")
+            except self._errors as exc:
+                self._regions.remove(addr)
+                raise TransferError(f"nixl: register({addr:#x}, {nbytes}): {exc!r}") from None
+            self._reg_dlists[addr] = dlist
+
+    def deregister(self, addr: int) -> None:
+        with self._lock:
+            self._check_open()
+            self._regions.remove(addr)
+            dlist = self._reg_dlists.pop(int(addr))
+            try:
+                self._agent.deregister_memory(dlist)
+            except self._errors as exc:
+                raise TransferError(f"nixl: deregister({int(addr):#x}): {exc!r}") from None
+
+    # -- peers --------------------------------------------------------------------------------
+
+    def agent_info(self) -> bytes:
+        # The metadata lists the registered regions; peers validate remote descriptors against
+        # the copy they received, so register first and re-send after registering more.
+        with self._lock:
+            self._check_open()
+            return bytes(self._agent.get_agent_metadata())
+
+    def connect(self, agent_info: bytes) -> str:
+        """Adds (or, if already known, refreshes) the peer and opens the UCX connection now."""
+        try:
+            metadata = bytes(agent_info)
+        except TypeError:
+            raise DescriptorError("nixl: agent_info must be bytes from agent_info()") from None
+        with self._lock:
+            self._check_open()
+            try:
+                name = self._agent.add_remote_agent(metadata)
+            except self._errors as exc:
+                raise TransferError(f"nixl: add_remote_agent: {exc!r}") from None
+            peer = name.decode() if isinstance(name, bytes) else str(name)
+            self._peers.add(peer)
+            try:
+                # Lazy otherwise: the first write would pay the connection setup.
+                self._agent.make_connection(peer)
+            except self._errors as exc:
+                raise TransferError(f"nixl: cannot connect to {peer}: {exc!r}") from None
+        return peer
+
+    # -- transfers ----------------------------------------------------------------------------
+
+    def submit_write(
+        self, peer: str, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray
+    ) -> Batch:
+        src_u, dst_u, nbytes_u = as_descriptors(src, dst, nbytes)
+        batch = Batch(
+            peer=peer, handles=[], nbytes=int(nbytes_u.sum()), descriptors=int(src_u.size)
+        )
+        zeros = np.zeros_like(src_u)  # device id column; 0 for host memory
+        with self._lock:
+            self._check_open()
+            if peer not in self._peers:
+                raise TransferError(f"nixl: unknown peer {peer!r}; connect() it first")
+            outside = self._regions.outside(src_u, nbytes_u)
+            if outside.size:
+                i = int(outside[0])
+                raise DescriptorError(
+                    f"nixl: source descriptor {i} [{int(src_u[i]):#x}, +{int(nbytes_u[i])}) is "
+                    f"not inside memory registered in this process ({outside.size} such)"
+                )
+            local = self._agent.get_xfer_descs(np.stack([src_u, nbytes_u, zeros], 1), "DRAM")
+            remote = self._agent.get_xfer_descs(np.stack([dst_u, nbytes_u, zeros], 1), "DRAM")
+            try:
+                handle = self._agent.initialize_xfer("WRITE", local, remote, peer)
+            except self._errors as exc:
+                # NOT_FOUND here means a destination outside what the peer registered (as of
+                # the agent_info we hold) or a peer NIXL does not know.
+                raise TransferError(
+                    f"nixl: write to {peer} refused: {exc!r}; every destination must lie inside "
+                    "one region the peer registered before its agent_info() was taken"
+                ) from None
+            try:
+                status = self._agent.transfer(handle)
+            except self._errors as exc:
+                status = f"{exc!r}"
+            if status == "PROC":
+                xfer = _Xfer(handle, time.monotonic() + self._transfer_timeout_s)
+                batch.handles.append(xfer)
+                self._inflight[id(xfer)] = xfer
+            else:
+                self._end(batch, handle, status)
+        return batch
+
+    def poll(self, batch: Batch) -> BatchState:
+        if batch.state is not BatchState.PENDING:
+            return batch.state
+        with self._lock:
+            if batch.state is not BatchState.PENDING:  # another thread finished it
+                return batch.state
+            xfer = batch.handles[0] if batch.handles else None
+            if not isinstance(xfer, _Xfer):
+                raise DescriptorError("nixl: this Batch was not submitted by a NixlEngine")
+            if self._closed or id(xfer) not in self._inflight:
+                batch.reason = "engine closed while the batch was in flight"
+                batch.state = BatchState.FAILED
+                return batch.state
+            try:
+                status = self._agent.check_xfer_state(xfer.handle)
+            except self._errors as exc:
+                status = f"{exc!r}"
+            if status == "PROC":
+                if time.monotonic() < xfer.deadline:
+                    return BatchState.PENDING
+                status = (
+                    f"no completion within {self._transfer_timeout_s:.1f} s "
+                    "(peer hung or network stalled); cancelled"
+                )
+            del self._inflight[id(xfer)]
+            self._end(batch, xfer.handle, status)
+        return batch.state
+
+    def _end(self, batch: Batch, handle: object, status: str) -> None:
+        """Releases the handle and records the outcome; status is "DONE" or a failure text."""
+        released = self._release(handle)
+        if status == "DONE":
+            batch.state = BatchState.DONE
+            return
+        reason = "NIXL reported ERR" if status == "ERR" else status
+        if not released:
+            reason += "; the transfer handle could not be cancelled and was leaked"
+        batch.reason = reason
+        batch.state = BatchState.FAILED
+
+    def _release(self, handle: object) -> bool:
+        try:
+            self._agent.release_xfer_handle(handle)
+        except self._errors:
+            return False
+        return True
+
+    # -- teardown -----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for xfer in self._inflight.values():
+                self._release(xfer.handle)
+            self._inflight.clear()
+            for peer in self._peers:
+                try:
+                    self._agent.remove_remote_agent(peer)
+                except self._errors:
+                    pass  # already gone; nothing to release
+            self._peers.clear()
+            for dlist in self._reg_dlists.values():
+                try:
+                    self._agent.deregister_memory(dlist)
+                except self._errors:
+                    pass
+            self._reg_dlists.clear()
+            self._regions = RegionTable()
+            self._agent = None
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransferError("nixl: engine is closed")

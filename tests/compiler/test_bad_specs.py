@@ -1,0 +1,151 @@
+"""Every broken spec under bad_specs/ fails `pdc validate` with exactly the text beside it.
+
+Each `bad_specs/NAME.yaml` is good_specs/mini.yaml with one rule broken (its first line says
+which); `bad_specs/NAME.expected` is the complete stderr of
+`pdc validate tests/compiler/bad_specs/NAME.yaml` run from the repository root: every
+diagnostic (file:line:col, source line, caret, hint) and the summary line.
+
+After an intended change of wording, regenerate the expected files with
+`PDC_ACCEPT=1 pytest tests/compiler/test_bad_specs.py` and review the diff.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from pdc.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+BAD = Path(__file__).resolve().parent / "bad_specs"
+GOOD = Path(__file__).resolve().parent / "good_specs"
+CASES = sorted(p.stem for p in BAD.glob("*.yaml"))
+ACCEPT = os.environ.get("PDC_ACCEPT") == "1"
+
+
+def _validate(capsys, *paths: str) -> tuple[int, str, str]:
+    rc = main(["validate", *paths])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_every_case_has_an_expected_file_and_vice_versa():
+    assert len(CASES) >= 35
+    expected = sorted(p.stem for p in BAD.glob("*.expected"))
+    assert expected == CASES
+
+
+def test_the_base_spec_is_valid(capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    assert _validate(capsys, "tests/compiler/good_specs/mini.yaml") == (
+        0, "pdc validate: 1 spec ok\n", "")
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_bad_spec(name, capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    rc, out, err = _validate(capsys, f"tests/compiler/bad_specs/{name}.yaml")
+    expected_file = BAD / f"{name}.expected"
+    if ACCEPT:
+        expected_file.write_text(err)
+    assert rc == 1
+    assert out == ""
+    assert "Traceback" not in err
+    assert err == expected_file.read_text()
+
+
+def test_output_does_not_depend_on_the_working_directory(capsys, monkeypatch, tmp_path):
+    """Specs inside the repository are named by their repository path (Note [Spec paths])."""
+    monkeypatch.chdir(tmp_path)
+    rc, _, err = _validate(capsys, str(BAD / "sentinel_duplicate.yaml"))
+    assert rc == 1
+    assert err == (BAD / "sentinel_duplicate.expected").read_text()
+
+
+def test_several_errors_in_one_spec_are_reported_at_once(capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    rc, _, err = _validate(capsys, "tests/compiler/bad_specs/several_errors.yaml")
+    assert rc == 1
+    messages = [line.split(": error: ", 1)[1] for line in err.splitlines() if ": error: " in line]
+    assert messages == [
+        "sentinel 0x00000003 of component 'ngram' collides with layer 3 (attn)",
+        "constraint 'page_size % 32 == 0' does not hold: pages hold whole groups of 32 tokens",
+        "unknown backend 'rdma'",
+        "deployment gives an `error` but expects to be accepted",
+    ]
+    assert err.endswith("pdc validate: 4 errors in 1 of 1 spec\n")
+
+
+def test_several_shape_errors_in_one_spec_are_reported_at_once(capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    rc, _, err = _validate(capsys, "tests/compiler/bad_specs/several_shape_errors.yaml")
+    assert rc == 1
+    locations = [line.split(": error: ")[0] for line in err.splitlines() if ": error: " in line]
+    assert locations == [
+        "tests/compiler/bad_specs/several_shape_errors.yaml:13:42",
+        "tests/compiler/bad_specs/several_shape_errors.yaml:15:5",
+        "tests/compiler/bad_specs/several_shape_errors.yaml:17:20",
+    ]
+
+
+def test_errors_of_several_specs_are_reported_together(capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    names = ["param_cycle", "bad_dtype", "unknown_key_top_level"]
+    rc, out, err = _validate(capsys, "specs/qwen38.yaml",
+                             *(f"tests/compiler/bad_specs/{n}.yaml" for n in names))
+    assert rc == 1
+    assert out == ""
+    bodies = ["".join((BAD / f"{n}.expected").read_text().splitlines(True)[:-1]) for n in names]
+    assert err == "".join(bodies) + "pdc validate: 3 errors in 3 of 4 specs\n"
+
+
+def test_two_specs_of_one_family_are_rejected(capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(REPO)
+    copy = tmp_path / "mini-copy.yaml"
+    copy.write_text((GOOD / "mini.yaml").read_text())
+    rc, _, err = _validate(capsys, "tests/compiler/good_specs/mini.yaml", str(copy))
+    assert rc == 1
+    assert err == (
+        f"{copy}:3:1: error: family 'mini' would be generated into generated/mini/, which "
+        "family 'mini' of tests/compiler/good_specs/mini.yaml already uses\n"
+        "  family: mini\n"
+        "  ^\n"
+        "  hint: give every spec its own family name\n"
+        "pdc validate: 1 error in 1 of 2 specs\n"
+    )
+
+
+def test_an_unreadable_spec_is_an_error_not_a_traceback(capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = _validate(capsys, "missing.yaml")
+    assert (rc, out) == (1, "")
+    assert err == (
+        "missing.yaml: error: cannot read spec: No such file or directory\n"
+        "  hint: check the path\n"
+        "pdc validate: 1 error in 1 of 1 spec\n"
+    )
+
+
+@pytest.mark.parametrize("spec", sorted(p.name for p in (REPO / "specs").glob("*.yaml")))
+def test_real_spec_round_trips_through_the_cli(spec, capsys, monkeypatch, tmp_path):
+    """validate says ok, and compile writes exactly the checked-in generated files."""
+    monkeypatch.chdir(REPO)
+    assert _validate(capsys, f"specs/{spec}") == (0, "pdc validate: 1 spec ok\n", "")
+    assert main(["compile", f"specs/{spec}", "--out", str(tmp_path)]) == 0
+    capsys.readouterr()
+    written = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.py"))
+    py_name = spec.removesuffix(".yaml").replace("-", "_")
+    assert "/layout.py" in "".join(written)
+    assert written == sorted(p.relative_to(REPO / "generated").as_posix()
+                             for p in (REPO / "generated" / py_name).glob("*.py"))
+    for rel in written:
+        assert (tmp_path / rel).read_bytes() == (REPO / "generated" / rel).read_bytes(), rel
+
+
+def test_the_language_reference_lists_every_case():
+    reference = (REPO / "docs" / "spec-language.md").read_text()
+    for name in CASES:
+        if not name.startswith("several_"):
+            assert f"| `{name}` |" in reference, name

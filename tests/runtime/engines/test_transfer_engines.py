@@ -1,0 +1,300 @@
+"""Real bytes between real processes over loopback, for every transfer engine.
+
+Each test spawns a receiver process (see _engine_peer.py), exchanges agent_info over a Pipe
+and writes from this process into the receiver's registered buffer. Every exchange with the
+receiver and every transfer wait has its own deadline, so a broken engine fails a test instead
+of hanging the run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from _engine_peer import (
+    SLOT_NBYTES,
+    make_plan,
+    peer_main,
+    source_pattern,
+    unprivileged_writer_main,
+)
+from pdc.runtime.engines import (
+    ENGINES,
+    BatchState,
+    DescriptorError,
+    TransferError,
+    make_engine,
+)
+from pdc.runtime.engines.base import RegionTable, as_descriptors
+
+pytestmark = pytest.mark.engines
+
+STEP_TIMEOUT_S = 30.0  # one request/answer with the receiver, incl. its start-up
+WAIT_TIMEOUT_S = 20.0  # one transfer wait
+DEAD_PEER_DEADLINE_S = 10.0  # a write to a killed peer must fail sooner than this
+# 300 descriptors, then 2500: above Mooncake's 1024 per submit and the kernel's IOV_MAX.
+BATCH_COUNTS = [300, 2500]
+
+_LIBRARIES = {"mooncake": ["mooncake"], "nixl": ["nixl_cu12", "nixl_cu13", "nixl"], "local": []}
+
+
+def _engine_params():
+    params = []
+    for name in ENGINES:
+        libs = _LIBRARIES[name]
+        missing = libs and not any(importlib.util.find_spec(lib) for lib in libs)
+        marks = [pytest.mark.skip(reason=f"{name}: library not installed")] if missing else []
+        params.append(pytest.param(name, marks=marks))
+    return params
+
+
+class _Receiver:
+    """A spawned receiver process holding one registered buffer of dst_nbytes."""
+
+    def __init__(self, engine_name: str, dst_nbytes: int) -> None:
+        ctx = mp.get_context("spawn")
+        self.conn, child_conn = ctx.Pipe()
+        self.process = ctx.Process(
+            target=peer_main, args=(engine_name, child_conn, dst_nbytes), daemon=True
+        )
+        self.process.start()
+        child_conn.close()
+        self.agent_info, self.base_addr = self.recv()
+
+    def recv(self):
+        if not self.conn.poll(STEP_TIMEOUT_S):
+            raise AssertionError(f"receiver silent for {STEP_TIMEOUT_S} s")
+        return self.conn.recv()
+
+    def verify(self, plan, batches_written) -> None:
+        self.conn.send(("verify", plan, batches_written))
+        tag, wrong, first_wrong = self.recv()
+        assert tag == "verified"
+        assert wrong == 0, f"{wrong} destination bytes differ, first at offsets {first_wrong}"
+
+    def kill(self) -> None:
+        os.kill(self.process.pid, signal.SIGKILL)
+        self.process.join(STEP_TIMEOUT_S)
+
+    def pause(self) -> None:
+        os.kill(self.process.pid, signal.SIGSTOP)
+
+    def stop(self) -> None:
+        if self.process.is_alive():
+            os.kill(self.process.pid, signal.SIGCONT)
+            try:
+                self.conn.send(("stop",))
+                self.recv()
+            except (OSError, EOFError, AssertionError):
+                pass
+            self.process.join(STEP_TIMEOUT_S)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(STEP_TIMEOUT_S)
+        self.conn.close()
+
+    def __enter__(self) -> _Receiver:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+@pytest.mark.parametrize("engine_name", _engine_params())
+def test_scattered_write_reaches_every_byte(engine_name):
+    plan = make_plan(BATCH_COUNTS, seed=1234)
+    with _Receiver(engine_name, plan["dst_nbytes"]) as receiver:
+        engine = make_engine(engine_name)
+        try:
+            src = source_pattern(plan["src_nbytes"], plan["seed"])
+            engine.register(src.ctypes.data, src.nbytes)
+            peer = engine.connect(receiver.agent_info)
+            batches = [
+                engine.submit_write(
+                    peer,
+                    src.ctypes.data + src_off,
+                    receiver.base_addr + dst_off,
+                    nbytes,
+                )
+                for src_off, dst_off, nbytes in plan["batches"]
+            ]
+            for batch, (_, _, nbytes) in zip(batches, plan["batches"], strict=True):
+                engine.wait(batch, WAIT_TIMEOUT_S)
+                assert engine.poll(batch) is BatchState.DONE
+                assert batch.descriptors == nbytes.size
+                assert batch.nbytes == int(nbytes.sum())
+            receiver.verify(plan, batches_written=[0, 1])
+        finally:
+            engine.close()
+
+
+@pytest.mark.parametrize("engine_name", _engine_params())
+def test_write_to_killed_peer_fails_without_hanging(engine_name):
+    plan = make_plan([64], seed=99)
+    src_off, dst_off, nbytes = plan["batches"][0]
+    with _Receiver(engine_name, plan["dst_nbytes"]) as receiver:
+        engine = make_engine(engine_name)
+        try:
+            src = source_pattern(plan["src_nbytes"], plan["seed"])
+            engine.register(src.ctypes.data, src.nbytes)
+            peer = engine.connect(receiver.agent_info)
+            src_addr, dst_addr = src.ctypes.data + src_off, receiver.base_addr + dst_off
+            # A first write succeeds, so the failure below is the peer's death, not set-up.
+            engine.wait(engine.submit_write(peer, src_addr, dst_addr, nbytes), WAIT_TIMEOUT_S)
+            receiver.kill()
+            start = time.monotonic()
+            with pytest.raises(TransferError) as failure:
+                batch = engine.submit_write(peer, src_addr, dst_addr, nbytes)
+                engine.wait(batch, DEAD_PEER_DEADLINE_S)
+            elapsed_s = time.monotonic() - start
+            assert "timed out" not in str(failure.value), "the engine did not notice the death"
+            assert elapsed_s < DEAD_PEER_DEADLINE_S
+        finally:
+            engine.close()
+
+
+# A stopped peer never answers: Mooncake ends the batch at MC_TRANSFER_TIMEOUT (5 s at least),
+# NIXL would wait forever, so the engine's own per-batch deadline must end it.
+_STOPPED_PEER_TIMEOUT_S = {"mooncake": 5, "nixl": 1}
+_STOPPED_PEER_REASON = {"mooncake": "MC_TRANSFER_TIMEOUT", "nixl": "no completion within 1.0 s"}
+
+
+@pytest.mark.parametrize(
+    "engine_name", [p for p in _engine_params() if p.values[0] in _STOPPED_PEER_TIMEOUT_S]
+)
+def test_write_to_stopped_peer_fails_at_the_transfer_timeout(engine_name):
+    timeout_s = _STOPPED_PEER_TIMEOUT_S[engine_name]
+    plan = make_plan([16], seed=5)
+    src_off, dst_off, nbytes = plan["batches"][0]
+    with _Receiver(engine_name, plan["dst_nbytes"]) as receiver:
+        engine = make_engine(engine_name, transfer_timeout_s=timeout_s)
+        try:
+            src = source_pattern(plan["src_nbytes"], plan["seed"])
+            engine.register(src.ctypes.data, src.nbytes)
+            peer = engine.connect(receiver.agent_info)
+            src_addr, dst_addr = src.ctypes.data + src_off, receiver.base_addr + dst_off
+            engine.wait(engine.submit_write(peer, src_addr, dst_addr, nbytes), WAIT_TIMEOUT_S)
+            receiver.pause()
+            start = time.monotonic()
+            batch = engine.submit_write(peer, src_addr, dst_addr, nbytes)
+            with pytest.raises(TransferError, match=_STOPPED_PEER_REASON[engine_name]):
+                engine.wait(batch, timeout_s + 10.0)
+            elapsed_s = time.monotonic() - start
+            assert timeout_s * 0.9 < elapsed_s < timeout_s + 5.0
+            assert engine.poll(batch) is BatchState.FAILED
+        finally:
+            engine.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a writer as another user")
+def test_local_without_ptrace_permission_raises_clear_error():
+    with _Receiver("local", SLOT_NBYTES) as receiver:
+        ctx = mp.get_context("spawn")
+        conn, child_conn = ctx.Pipe()
+        writer = ctx.Process(
+            target=unprivileged_writer_main,
+            args=(child_conn, receiver.agent_info, receiver.base_addr),
+            daemon=True,
+        )
+        writer.start()
+        try:
+            assert conn.poll(STEP_TIMEOUT_S), "unprivileged writer silent"
+            outcome = conn.recv()
+        finally:
+            writer.join(STEP_TIMEOUT_S)
+            if writer.is_alive():
+                writer.kill()
+        assert outcome[:2] == ("error", "TransferError"), outcome
+        assert "not permitted (EPERM)" in outcome[2]
+        receiver.verify(
+            {"seed": 0, "src_nbytes": 0, "dst_nbytes": SLOT_NBYTES, "batches": []},
+            batches_written=[],
+        )
+
+
+def test_local_refuses_destination_outside_registered_range():
+    plan = make_plan([100], seed=7)
+    src_off, dst_off, nbytes = plan["batches"][0]
+    with _Receiver("local", plan["dst_nbytes"]) as receiver:
+        engine = make_engine("local")
+        try:
+            src = source_pattern(plan["src_nbytes"], plan["seed"])
+            engine.register(src.ctypes.data, src.nbytes)
+            peer = engine.connect(receiver.agent_info)
+            dst = receiver.base_addr + dst_off
+            end = receiver.base_addr + plan["dst_nbytes"]
+            straddling, before = dst.copy(), dst.copy()
+            straddling[-1] = end - int(nbytes[-1]) + 1  # last byte lands one past the end
+            before[-1] = receiver.base_addr - int(nbytes[-1])  # wholly below the start
+            for bad_dst in (straddling, before):
+                with pytest.raises(DescriptorError, match="not inside memory"):
+                    engine.submit_write(peer, src.ctypes.data + src_off, bad_dst, nbytes)
+            # The 99 valid descriptors of each refused batch must not have been written either.
+            receiver.verify(plan, batches_written=[])
+        finally:
+            engine.close()
+
+
+@pytest.mark.parametrize("engine_name", _engine_params())
+def test_bad_requests_are_refused_with_clear_errors(engine_name):
+    engine = make_engine(engine_name)
+    try:
+        buf = np.zeros(8 * SLOT_NBYTES, np.uint8)
+        addr = buf.ctypes.data
+        engine.register(addr, buf.nbytes)
+        with pytest.raises(DescriptorError, match="overlaps"):
+            engine.register(addr + SLOT_NBYTES, SLOT_NBYTES)
+        with pytest.raises(DescriptorError, match="nbytes"):
+            engine.register(addr + buf.nbytes + SLOT_NBYTES, 0)
+        src = np.array([addr, addr + 64], np.uint64)
+        cases = [
+            ((src, src, np.array([8], np.uint64)), "equal lengths"),
+            ((src, src, np.array([8, 0], np.uint64)), "nbytes\\[1\\] is 0"),
+            ((src.astype(np.float64), src, np.array([8, 8])), "integers"),
+            ((src, src, np.array([8, -1])), "negative"),
+            ((src.reshape(1, 2), src, np.array([8, 8])), "1-D"),
+            ((src[:0], src[:0], src[:0]), "empty"),
+        ]
+        for (s, d, n), message in cases:
+            with pytest.raises(DescriptorError, match=message):
+                engine.submit_write("nobody", s, d, n)
+        with pytest.raises(TransferError, match="unknown peer"):
+            engine.submit_write("nobody", src, src, np.array([8, 8]))
+        with pytest.raises(TransferError):
+            engine.connect(b"\xff not agent info")
+    finally:
+        engine.close()
+    engine.close()  # idempotent
+
+
+def test_region_table_containment():
+    table = RegionTable([(0x1000, 0x1000), (0x2000, 0x1000), (0x8000, 0x100)])
+    addr = np.array([0x1000, 0x1FFF, 0x1F00, 0x2F00, 0x8000, 0x7FFF, 0x0], np.uint64)
+    nbytes = np.array([0x1000, 1, 0x200, 0x100, 0x101, 1, 1], np.uint64)
+    # inside, inside, straddles two adjacent regions, inside, past the end, gap, below all
+    assert table.outside(addr, nbytes).tolist() == [2, 4, 5, 6]
+    assert RegionTable().outside(addr, nbytes).tolist() == list(range(7))
+    with pytest.raises(DescriptorError, match="wraps around"):
+        as_descriptors([2**64 - 8], [0x1000], [16])
+
+
+def test_package_import_loads_no_engine_library():
+    code = (
+        "import sys, pdc.runtime.engines as e; "
+        "print(sorted(e.ENGINES)); "
+        "print([m for m in ('mooncake', 'nixl_cu12', 'nixl_cu13', 'nixl') if m in sys.modules])"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=STEP_TIMEOUT_S
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:2] == ["['local', 'mooncake', 'nixl']", "[]"]
+    with pytest.raises(ValueError, match="known engines: local, mooncake, nixl"):
+        make_engine("carrier-pigeon")
