@@ -34,6 +34,9 @@ class Req:
     prefix_tokens: int
     # per side: page ids (one per absolute page position), slot, ring slot, aux row, window ids
     ids: dict = field(default_factory=dict)
+    # Injected fault, for tests: "bad_page" makes decode announce a page id beyond its pool.
+    # The request must fail with a reason and leave every byte of its decode items untouched.
+    fault: str = ""
 
 
 @dataclass
@@ -182,7 +185,10 @@ def _rank_loop(cfg, side, dp, pp, tp, cmd_q, res_q):
                     else:
                         view[item] = 0xA5  # poison: every byte must be overwritten
                 rv = ep.receiver(r.room)
-                rv.init(ids["pages"], r.prefix_tokens, slot=ids["slot"], ring_slot=ids["ring"],
+                pages = np.array(ids["pages"])
+                if r.fault == "bad_page":
+                    pages[-1] = cfg.pages + 5
+                rv.init(pages, r.prefix_tokens, slot=ids["slot"], ring_slot=ids["ring"],
                         aux_row=ids["aux"], window_page_ids=ids["window"])
                 recvs[r.room] = (rv, r, time.monotonic())
             pending = dict(recvs)
@@ -196,7 +202,11 @@ def _rank_loop(cfg, side, dp, pp, tp, cmd_q, res_q):
                                         int(KVPoll.Failed), bad, rv.bytes, dt))
                         del pending[room]
                     elif st == KVPoll.Failed:
-                        results.append((room, int(st), rv.reason, 0, 0.0))
+                        why = rv.reason
+                        if r.fault:
+                            touched = _touched(layout, plan, rank, cfg.seed, r, pools)
+                            why = f"{why}; {touched}" if touched else why
+                        results.append((room, int(st), why, 0, 0.0))
                         del pending[room]
                 time.sleep(0.001)
             for rv, _, _ in recvs.values():
@@ -207,6 +217,18 @@ def _rank_loop(cfg, side, dp, pp, tp, cmd_q, res_q):
         boot.close()
     engine.close()
     res_q.put(("bye", side, dp, pp, tp))
+
+
+def _touched(layout, plan, rank, seed, req: Req, pools) -> str:
+    """For a request that failed: name an item outside the prefix that was written at all."""
+    prefix_pages = req.prefix_tokens // plan.topology.decode.page_size
+    for comp, pos, item, where, _ in _labels_for(layout, plan, ROLE_DECODE, rank, seed, req,
+                                                 req.ids[ROLE_DECODE]):
+        if comp.index == "page" and where < prefix_pages:
+            continue
+        if (pools.view(comp.name, pos)[item] != 0xA5).any():
+            return f"BYTES WRITTEN into {comp.name} entry {pos} position {where}"
+    return ""
 
 
 def _verify(layout, plan, rank, seed, req: Req, pools) -> str:
@@ -280,7 +302,10 @@ def default_decode(spec_path: str, prefill: str, engine: str) -> tuple[str, str]
 
 def run_demo(spec_path: str, prefill: str, decode: str, engine: str, requests: int,
              concurrency: int = 4, seed: int = 0, timeout_s: float = 60.0,
-             out=sys.stdout) -> int:
+             out=sys.stdout, faults: dict[int, str] | None = None) -> int:
+    """Run the demo; `faults` maps request indices to an injected fault (see Req.fault).
+    Exit code 0 when every request ended as expected (verified, or failed cleanly as its
+    fault demands)."""
     from pdc.compiler.diagnostics import SpecErrors
     from pdc.compiler.frontend import load_spec
     from pdc.compiler.layout import build_layout
@@ -317,7 +342,7 @@ def run_demo(spec_path: str, prefill: str, decode: str, engine: str, requests: i
         chunk_pages = int(rng.integers(1, n_pages + 1))
         prefix = int(rng.integers(0, n_pages)) * page_size if i % 3 == 1 else 0
         reqs.append(Req(room=1000 + i, tokens=tokens, chunk_tokens=chunk_pages * page_size,
-                        prefix_tokens=prefix))
+                        prefix_tokens=prefix, fault=(faults or {}).get(i, "")))
 
     ctx = mp.get_context("spawn")
     res_q = ctx.Queue()
@@ -387,8 +412,14 @@ def run_demo(spec_path: str, prefill: str, decode: str, engine: str, requests: i
 
 def _report(outcome, reqs, wall, out) -> int:
     ok, failed, reasons, nbytes, lat, desc, xfer = 0, 0, [], 0, [], 0, []
+    faulted = []
     for r in reqs:
         res = outcome.get(r.room, [])
+        if r.fault:
+            dec = [x for side, x in res if side == ROLE_DECODE]
+            clean = dec and all(x[1] == 4 and x[2] and "BYTES WRITTEN" not in x[2] for x in dec)
+            faulted.append((r.room, r.fault, bool(clean), dec[0][2] if dec else "no result"))
+            continue
         dec = [x for side, x in res if side == ROLE_DECODE]
         pre = [x for side, x in res if side == ROLE_PREFILL]
         good = dec and all(x[1] == 3 for side, x in res)
@@ -417,4 +448,7 @@ def _report(outcome, reqs, wall, out) -> int:
         print(f"  {k:<16} {v}", file=out)
     for line in reasons[:10]:
         print(f"  FAILED {line}", file=out)
-    return 0 if failed == 0 else 1
+    for room, fault, clean, why in faulted:
+        verdict = "failed cleanly" if clean else "DID NOT FAIL CLEANLY"
+        print(f"  fault {fault} room {room}: {verdict}: {why}", file=out)
+    return 0 if failed == 0 and all(c for _, _, c, _ in faulted) else 1

@@ -194,11 +194,11 @@ class PrefillEndpoint:
     def _validate_register(self, msg) -> str:
         if msg.side != W.PeerSide.DECODE:
             return "only decode ranks register with a prefill rank"
+        if msg.page_size != self.page_size:
+            return f"page size differs: prefill {self.page_size}, decode {msg.page_size}"
         if msg.plan_digest != self.digest:
             return ("plan digest differs: both sides must lower the same spec and topology "
                     f"(prefill {self.digest.hex()[:12]}, decode {msg.plan_digest.hex()[:12]})")
-        if msg.page_size != self.page_size:
-            return f"page size differs: prefill {self.page_size}, decode {msg.page_size}"
         rank = msg.rank
         try:
             reg = self.plan.registration("decode", rank)
@@ -264,9 +264,17 @@ class PrefillEndpoint:
             if msg.generation < r.generation:
                 return  # a stale request of an aborted earlier use of this room
             r.generation = msg.generation
-            r.targets[rank] = DecodeTarget(
+            target = DecodeTarget(
                 np.asarray(msg.dst_page_ids, np.int64), int(msg.decode_prefix_tokens), msg.slot,
                 msg.ring_slot, msg.aux_row, np.asarray(msg.window_page_ids, np.int64))
+            peer = self.peers.get((dp_group_of_room(msg.room, self.plan.topology.decode.dp), rank))
+            why = "decode rank sent a request before registering" if peer is None else \
+                _check_target(self.layout, peer.remote, target)
+            if why:
+                # Refused before any write: no byte of this request may land anywhere.
+                r.state, r.reason = KVPoll.Failed, f"bad index from decode {rank}: {why}"
+                return
+            r.targets[rank] = target
             if r.state < KVPoll.WaitingForInput:
                 r.state = KVPoll.WaitingForInput
 
@@ -437,6 +445,31 @@ class PrefillEndpoint:
                     r.room, r.generation, KVPoll.Failed, reason)))
 
 
+def _check_target(layout: FamilyLayout, remote: dict, t: DecodeTarget) -> str:
+    """Every id of a decode request against the capacities that decode registered."""
+    for comp in layout.components:
+        bufs = remote.get(comp.name, [])
+        if not bufs:
+            continue
+        cap = min(b.capacity for b in bufs)
+        if comp.index == "page":
+            ids, what = t.page_ids, "page"
+        elif comp.index == "window":
+            ids, what = t.window_page_ids, "window page"
+        elif comp.index == "slot":
+            ids, what = np.array([t.slot]), "slot"
+        elif comp.index == "aux":
+            ids, what = np.array([t.aux_row]), "aux row"
+        else:
+            r = comp.ring_rows
+            ids = t.ring_slot * r + np.arange(r) if t.ring_slot >= 0 else np.array([-1])
+            what = "ring row"
+        if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= cap):
+            bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+            return f"'{comp.name}' {what} {bad} is outside the registered capacity {cap}"
+    return ""
+
+
 class PrefillSender:
     def __init__(self, ep: PrefillEndpoint, room: int):
         self.ep = ep
@@ -584,8 +617,13 @@ class DecodeEndpoint:
     def _on_message(self, name: str, payload: bytes) -> None:
         try:
             msg = self.wire.decode(payload)
-        except W.WireError:
-            return  # a malformed reply cannot be attributed; the request's deadline covers it
+        except W.WireError as e:
+            # An unreadable reply to our registration (e.g. the peer compiled another spec:
+            # fingerprint mismatch) fails the registration now instead of at the deadline.
+            with self.lock:
+                if self.reg_state.get(name, (None,))[0] == KVPoll.Bootstrapping:
+                    self.reg_state[name] = (KVPoll.Failed, f"cannot read its reply: {e}")
+            return
         with self.lock:
             self.last_heard[name] = time.monotonic()
             if isinstance(msg, W.Status):
