@@ -96,14 +96,17 @@ def _single(src: int, dst: int, comp: str, what: str):
 def build_descriptors(link: Link, local: dict[str, list[LocalBuffer]],
                       remote: dict[str, list[RemoteBuffer]],
                       pairs: dict[str, tuple[np.ndarray, np.ndarray]],
-                      layers: set[int] | None = None) -> Descriptors:
-    """Descriptors of `link` for one chunk; `layers` limits them to finished layers."""
+                      layers: set[int] | None = None, whole_only: bool = False) -> Descriptors:
+    """Descriptors of `link` for one chunk; `layers` limits them to finished layers, and
+    `whole_only` leaves out partial entries (the staged path moves those)."""
     srcs, dsts, lens = [], [], []
     runs_cache: dict[str, tuple] = {}
     for e in link.entries:
         if e.component not in pairs:
             continue
         if layers is not None and e.layer_id not in layers:
+            continue
+        if whole_only and not e.whole_item:
             continue
         src_ids, dst_ids = pairs[e.component]
         if len(src_ids) == 0:

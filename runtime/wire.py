@@ -334,6 +334,10 @@ class TransferRequest:
     slot: int = NO_INDEX  # slot-state index (mamba slot), or -1 when the family has none
     ring_slot: int = NO_INDEX  # req_pool_idx for ring state, or -1
     aux_row: int = NO_INDEX  # metadata row, or -1
+    # Staged path (Note [Staging layout] in runtime/staging.py): a region of decode's
+    # registered staging arena for this request and this prefill rank; 0 bytes = direct path.
+    staging_addr: int = 0
+    staging_bytes: int = 0
     dst_page_ids: np.ndarray = field(default_factory=_empty_ids)  # one per absolute page position
     window_page_ids: np.ndarray = field(default_factory=_empty_ids)  # sliding-window pages
 
@@ -348,6 +352,15 @@ class TransferRequest:
         s(self, "slot", _opt_index("TransferRequest.slot", self.slot))
         s(self, "ring_slot", _opt_index("TransferRequest.ring_slot", self.ring_slot))
         s(self, "aux_row", _opt_index("TransferRequest.aux_row", self.aux_row))
+        addr = _uint("TransferRequest.staging_addr", self.staging_addr, _U64)
+        nbytes = _uint("TransferRequest.staging_bytes", self.staging_bytes, _U64)
+        if nbytes and not addr:
+            raise WireError("TransferRequest.staging_addr", "0 is not a staging address")
+        if addr + nbytes > _U64 + 1:
+            raise WireError("TransferRequest.staging_bytes",
+                            f"{nbytes} bytes from {addr:#x} run past 2^64")
+        s(self, "staging_addr", addr)
+        s(self, "staging_bytes", nbytes)
         s(self, "dst_page_ids", _id_array("TransferRequest.dst_page_ids", self.dst_page_ids))
         s(self, "window_page_ids",
           _id_array("TransferRequest.window_page_ids", self.window_page_ids))
@@ -358,9 +371,11 @@ class TransferRequest:
             return NotImplemented
         return (
             (self.room, self.generation, self.decode_rank, self.chunk_id,
-             self.decode_prefix_tokens, self.slot, self.ring_slot, self.aux_row)
+             self.decode_prefix_tokens, self.slot, self.ring_slot, self.aux_row,
+             self.staging_addr, self.staging_bytes)
             == (other.room, other.generation, other.decode_rank, other.chunk_id,
-                other.decode_prefix_tokens, other.slot, other.ring_slot, other.aux_row)
+                other.decode_prefix_tokens, other.slot, other.ring_slot, other.aux_row,
+                other.staging_addr, other.staging_bytes)
             and np.array_equal(self.dst_page_ids, other.dst_page_ids)
             and np.array_equal(self.window_page_ids, other.window_page_ids)
         )
@@ -783,6 +798,8 @@ def _write_transfer_request(w: Writer, m: TransferRequest, _c: object) -> None:
     w.i64("TransferRequest.slot", m.slot)
     w.i64("TransferRequest.ring_slot", m.ring_slot)
     w.i64("TransferRequest.aux_row", m.aux_row)
+    w.u64("TransferRequest.staging_addr", m.staging_addr)
+    w.u64("TransferRequest.staging_bytes", m.staging_bytes)
     w.i64_array("TransferRequest.dst_page_ids", m.dst_page_ids)
     w.i64_array("TransferRequest.window_page_ids", m.window_page_ids)
 
@@ -798,6 +815,8 @@ def _read_transfer_request(r: Reader, _c: object) -> TransferRequest:
         slot=r.i64("TransferRequest.slot"),
         ring_slot=r.i64("TransferRequest.ring_slot"),
         aux_row=r.i64("TransferRequest.aux_row"),
+        staging_addr=r.u64("TransferRequest.staging_addr"),
+        staging_bytes=r.u64("TransferRequest.staging_bytes"),
         dst_page_ids=r.i64_array("TransferRequest.dst_page_ids.count", MAX_PAGE_IDS),
         window_page_ids=r.i64_array("TransferRequest.window_page_ids.count", MAX_PAGE_IDS),
     )

@@ -12,7 +12,7 @@ import ctypes
 
 import numpy as np
 import pytest
-from pdc.runtime import datapath, indices
+from pdc.runtime import datapath, indices, staging
 from pdc.runtime.datapath import LocalBuffer, RemoteBuffer, build_descriptors, component_pairs
 from pdc.runtime.indices import DecodeTarget, IndexError_, PrefillChunk
 from pdc.runtime.labels import item_labels, project
@@ -49,7 +49,7 @@ def _fill_or_check(layout, plan, side, rank, pools, room, tokens, ids, check, sk
     return bad
 
 
-def _run(path, prefill, decode, tokens, chunk_pages, prefix_tokens, rng):
+def _run(path, prefill, decode, tokens, chunk_pages, prefix_tokens, rng, staged=False):
     layout, plan = plan_for(path, prefill, decode)
     topo = plan.topology
     cap = Capacity(pages=16, slots=2, aux_rows=2, window_pages=16)
@@ -64,6 +64,11 @@ def _run(path, prefill, decode, tokens, chunk_pages, prefix_tokens, rng):
     for pools in dec.values():
         pools.arena[:] = 0xA5
     target = DecodeTarget(np.asarray(d_ids["pages"]), prefix_tokens, 0, 0, 1)
+    items = staging.request_items(layout, target, ps)
+    regions = {}  # link -> (prefill staging buffer, decode staging buffer, blocks)
+    for link in plan.links:
+        blocks, nbytes = staging.link_blocks(link, items)
+        regions[link] = (np.zeros(nbytes + 1, np.uint8), np.zeros(nbytes + 1, np.uint8), blocks)
     for start in range(0, n_pages, chunk_pages):
         last = start + chunk_pages >= n_pages
         chunk = PrefillChunk(start, np.asarray(p_ids["pages"][start:start + chunk_pages]), last,
@@ -77,10 +82,28 @@ def _run(path, prefill, decode, tokens, chunk_pages, prefix_tokens, rng):
                                        b.capacity) for i, b in enumerate(bs)]
                       for n, bs in dst.buffers.items()}
             pairs = component_pairs(layout, chunk, target, ps)
-            d = build_descriptors(link, local, remote, pairs)
-            for s_addr, d_addr, n in zip(d.src.tolist(), d.dst.tolist(), d.nbytes.tolist(),
-                                         strict=True):
+            d = build_descriptors(link, local, remote, pairs, whole_only=staged)
+            moves = list(zip(d.src.tolist(), d.dst.tolist(), d.nbytes.tolist(), strict=True))
+            if staged:
+                mine, theirs, blocks = regions[link]
+                positions = staging.chunk_positions(layout, chunk, target, ps)
+                for b, ids, j0, n in staging.chunk_block_ranges(blocks, link, positions):
+                    e = link.entries[b.entry]
+                    tb = b.segment.total_bytes
+                    at = b.offset + j0 * tb
+                    staging.gather(src.view(e.component, e.src_pos), ids, b.segment,
+                                   mine[at:at + n * tb])
+                    moves.append((mine.ctypes.data + at, theirs.ctypes.data + at, n * tb))
+            for s_addr, d_addr, n in moves:
                 ctypes.memmove(d_addr, s_addr, n)
+    if staged:
+        ids = staging.target_ids(layout, target, ps)
+        for link, (_, theirs, blocks) in regions.items():
+            for b in blocks:
+                e = link.entries[b.entry]
+                tb = b.segment.total_bytes
+                staging.scatter(dec[link.decode].view(e.component, e.dst_pos), ids[e.component],
+                                b.segment, theirs[b.offset:b.offset + b.items * tb])
     bad = []
     for rank, pools in dec.items():
         bad += _fill_or_check(layout, plan, "decode", rank, pools, 5, tokens, d_ids, check=True,
@@ -105,6 +128,42 @@ def test_chunked_request_lands_byte_exact(path, prefill, decode):
     ps = 16 if path == LLAMA else 64
     assert _run(path, prefill, decode, tokens=5 * ps + 3, chunk_pages=2, prefix_tokens=ps,
                 rng=rng) == []
+
+
+@pytest.mark.parametrize("path,prefill,decode", [
+    (LLAMA, {"tp": 2}, {"tp": 1}),
+    (LLAMA, {"tp": 1}, {"tp": 4}),
+    (QWEN, {"tp": 2, "pp": 2}, {"tp": 1}),
+    (QWEN, {"tp": 1}, {"tp": 2}),
+])
+def test_staged_path_lands_byte_exact(path, prefill, decode):
+    ps = 16 if path == LLAMA else 64
+    assert _run(path, prefill, decode, tokens=5 * ps + 3, chunk_pages=2, prefix_tokens=ps,
+                rng=np.random.default_rng(2), staged=True) == []
+
+
+def test_staging_merges_a_single_chunk_into_few_descriptors():
+    layout, plan = plan_for(LLAMA, {"tp": 2}, {"tp": 1})
+    link = plan.links[0]
+    items = {"kv": 8, "aux_first_token": 1}
+    blocks, nbytes = staging.link_blocks(link, items)
+    assert len(blocks) == 160 and nbytes == 160 * 8 * 16 * 1024
+    assert staging.partial_descriptors(link, items) == 160 * 8 * 16
+    src = np.array([b.offset for b in blocks], np.int64) + 4096
+    dst = src + (1 << 20)
+    n = np.array([b.items * b.segment.total_bytes for b in blocks], np.int64)
+    s, d, m = staging.merge_descriptors(src, dst, n)
+    assert (s.tolist(), d.tolist(), m.tolist()) == ([4096], [4096 + (1 << 20)], [nbytes])
+
+
+def test_arena_first_fit_and_merge():
+    a = staging.Arena(1024)
+    x, y = a.alloc(100), a.alloc(200)
+    assert (x, y) == (0, 128)
+    assert a.alloc(2000) is None
+    a.release(x, 100)
+    a.release(y, 200)
+    assert a.free == [(0, 1024)]
 
 
 def test_chunk_page_offsets_relative_instead_of_absolute_is_caught(monkeypatch):

@@ -151,8 +151,9 @@ def message_strategy(kind: str, components):
     if kind == "TransferRequest":
         return st.builds(TransferRequest, room=U64, generation=U32, decode_rank=RANKS,
                          chunk_id=U32, decode_prefix_tokens=U64, slot=OPT_INDEX,
-                         ring_slot=OPT_INDEX, aux_row=OPT_INDEX, dst_page_ids=IDS,
-                         window_page_ids=IDS)
+                         ring_slot=OPT_INDEX, aux_row=OPT_INDEX,
+                         staging_addr=st.integers(1, 2**48), staging_bytes=st.integers(0, 2**40),
+                         dst_page_ids=IDS, window_page_ids=IDS)
     if kind == "Status":
         return st.builds(Status, room=U64, generation=U32, prefill_rank=RANKS,
                          state=st.sampled_from([s for s in KVPoll if s is not KVPoll.Failed]),

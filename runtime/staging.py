@@ -1,0 +1,207 @@
+"""Staged path: gather partial items into one region, write it in bulk, scatter on decode.
+
+A head slice of a KV page is `page_size` small pieces; under mismatched attention TP (or page
+size 1) the direct path needs one descriptor per piece, and engines pay per descriptor. The
+staged path packs those pieces on prefill into a staging buffer laid out exactly like a
+region decode reserved in its registered staging arena, writes the region with a handful of
+large descriptors, and decode scatters it into its pools once every source reported Success.
+Entries that move whole items keep the direct path (they are already one descriptor per run).
+
+Note [Staging layout]: the region of one (request, prefill rank -> decode rank) link holds,
+for every partial entry of the link in plan order and every segment of it, a block of
+`items(component) * segment.total_bytes` bytes; item j of the block is the j-th item the
+request moves for that component (pages: absolute position minus the decode prefix pages;
+window pages, slot, aux row and ring rows in the order of the request's ids). Both sides
+compute it from the plan and the decode target alone, so a chunk knows where its items go
+without any further message.
+
+Copies run with numpy on host pools; device pools use the generated Triton kernels
+(generated/<family>/kernels.py), which implement the same gather/scatter contract.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .indices import DecodeTarget, PrefillChunk, contiguous_runs
+from .layout_types import FamilyLayout
+from .plan_types import Link, Segment
+
+
+@dataclass(frozen=True)
+class Block:
+    entry: int  # index in link.entries
+    segment: Segment
+    component: str
+    offset: int  # bytes from the start of the link's staging region
+    items: int  # items of the component this request moves
+
+
+def request_items(layout: FamilyLayout, target: DecodeTarget, page_size: int) -> dict[str, int]:
+    out = {}
+    prefix_pages = target.prefix_len // page_size
+    for c in layout.components:
+        out[c.name] = {
+            "page": max(0, len(target.page_ids) - prefix_pages),
+            "window": 0 if target.window_page_ids is None else len(target.window_page_ids),
+            "ring": c.ring_rows,
+        }.get(c.index, 1)
+    return out
+
+
+def link_blocks(link: Link, items: dict[str, int]) -> tuple[list[Block], int]:
+    """Blocks of the partial entries of `link` and the region's total bytes."""
+    blocks, offset = [], 0
+    for i, e in enumerate(link.entries):
+        if e.whole_item:
+            continue
+        for seg in e.segments:
+            blocks.append(Block(i, seg, e.component, offset, items[e.component]))
+            offset += items[e.component] * seg.total_bytes
+    return blocks, offset
+
+
+def partial_descriptors(link: Link, items: dict[str, int]) -> int:
+    """Descriptors the direct path would need for the link's partial entries."""
+    return sum(items[e.component] * sum(s.repeat for s in e.segments)
+               for e in link.entries if not e.whole_item)
+
+
+def chunk_positions(layout: FamilyLayout, chunk: PrefillChunk, target: DecodeTarget,
+                    page_size: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """(prefill item ids, item positions j in the staging blocks) per component for a chunk."""
+    out = {}
+    prefix_pages = target.prefix_len // page_size
+    n = len(chunk.page_ids)
+    pos = np.arange(chunk.page_start, chunk.page_start + n, dtype=np.int64)
+    keep = pos >= prefix_pages
+    for c in layout.components:
+        if c.index == "page":
+            if c.send == "every_chunk" or chunk.last:
+                out[c.name] = (np.asarray(chunk.page_ids, np.int64)[keep], pos[keep] - prefix_pages)
+        elif not chunk.last:
+            continue
+        elif c.index == "window":
+            w = np.asarray(chunk.window_page_ids if chunk.window_page_ids is not None else [],
+                           np.int64)
+            out[c.name] = (w, np.arange(len(w), dtype=np.int64))
+        elif c.index == "slot":
+            out[c.name] = (np.array([chunk.slot], np.int64), np.zeros(1, np.int64))
+        elif c.index == "aux":
+            out[c.name] = (np.array([chunk.aux_row], np.int64), np.zeros(1, np.int64))
+        elif c.index == "ring":
+            r = c.ring_rows
+            out[c.name] = (chunk.ring_slot * r + np.arange(r, dtype=np.int64),
+                           np.arange(r, dtype=np.int64))
+    return out
+
+
+def target_ids(layout: FamilyLayout, target: DecodeTarget, page_size: int) -> dict[str, np.ndarray]:
+    """Decode item ids per component, in staging item order (j = 0, 1, ...)."""
+    prefix_pages = target.prefix_len // page_size
+    out = {}
+    for c in layout.components:
+        if c.index == "page":
+            out[c.name] = np.asarray(target.page_ids, np.int64)[prefix_pages:]
+        elif c.index == "window":
+            out[c.name] = np.asarray(target.window_page_ids, np.int64)
+        elif c.index == "slot":
+            out[c.name] = np.array([target.slot], np.int64)
+        elif c.index == "aux":
+            out[c.name] = np.array([target.aux_row], np.int64)
+        else:
+            out[c.name] = target.ring_slot * c.ring_rows + np.arange(c.ring_rows, dtype=np.int64)
+    return out
+
+
+def _pieces(pool: np.ndarray, offset: int, nbytes: int, repeat: int, stride: int) -> np.ndarray:
+    """[capacity, repeat, nbytes] writable view of the segment pieces of every item."""
+    cap, item_bytes = pool.shape
+    base = pool.reshape(-1)[offset:]
+    return np.lib.stride_tricks.as_strided(base, shape=(cap, repeat, nbytes),
+                                           strides=(item_bytes, stride if repeat > 1 else 0, 1),
+                                           writeable=True)
+
+
+def gather(pool: np.ndarray, ids: np.ndarray, seg: Segment, out: np.ndarray) -> None:
+    """Pack the source pieces of items `ids` back to back into `out` (len(ids) * total)."""
+    view = _pieces(pool, seg.src_offset, seg.nbytes, seg.repeat, seg.src_stride)
+    out.reshape(len(ids), seg.repeat, seg.nbytes)[:] = view[ids]
+
+
+def scatter(pool: np.ndarray, ids: np.ndarray, seg: Segment, packed: np.ndarray) -> None:
+    """Unpack `packed` into the destination pieces of items `ids`."""
+    view = _pieces(pool, seg.dst_offset, seg.nbytes, seg.repeat, seg.dst_stride)
+    view[ids] = packed.reshape(len(ids), seg.repeat, seg.nbytes)
+
+
+def chunk_block_ranges(blocks: list[Block], link: Link, positions, layers=None):
+    """Yield (block, prefill ids, first j, count) for each contiguous j-run of a chunk."""
+    for b in blocks:
+        e = link.entries[b.entry]
+        if e.component not in positions:
+            continue
+        if layers is not None and e.layer_id not in layers:
+            continue
+        src, j = positions[e.component]
+        if len(j) == 0:
+            continue
+        starts, _, lens = contiguous_runs(j, j)
+        at = 0
+        for j0, n in zip(starts.tolist(), lens.tolist(), strict=True):
+            yield b, src[at:at + n], j0, n
+            at += n
+
+
+def merge_descriptors(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray):
+    """Merge descriptors that continue each other on both sides (sorted by source)."""
+    if len(src) < 2:
+        return src, dst, nbytes
+    order = np.argsort(src, kind="stable")
+    src, dst, nbytes = src[order], dst[order], nbytes[order]
+    cont = (src[:-1] + nbytes[:-1] == src[1:]) & (dst[:-1] + nbytes[:-1] == dst[1:])
+    starts = np.flatnonzero(np.concatenate(([True], ~cont)))
+    sums = np.add.reduceat(nbytes, starts)
+    return src[starts], dst[starts], sums
+
+
+class Arena:
+    """First-fit allocator over one registered staging buffer (decode side)."""
+
+    ALIGN = 64
+
+    def __init__(self, nbytes: int):
+        self.buf = np.zeros(max(nbytes, self.ALIGN), np.uint8)
+        self.base = int(self.buf.ctypes.data)
+        self.free: list[tuple[int, int]] = [(0, len(self.buf))]  # (offset, size), sorted
+
+    def alloc(self, nbytes: int) -> int | None:
+        """Offset of a new region, or None when it does not fit."""
+        size = -(-max(nbytes, 1) // self.ALIGN) * self.ALIGN
+        for i, (off, avail) in enumerate(self.free):
+            if avail >= size:
+                if avail == size:
+                    self.free.pop(i)
+                else:
+                    self.free[i] = (off + size, avail - size)
+                return off
+        return None
+
+    def release(self, offset: int, nbytes: int) -> None:
+        size = -(-max(nbytes, 1) // self.ALIGN) * self.ALIGN
+        self.free.append((offset, size))
+        self.free.sort()
+        merged = [self.free[0]]
+        for off, sz in self.free[1:]:
+            last_off, last_sz = merged[-1]
+            if last_off + last_sz == off:
+                merged[-1] = (last_off, last_sz + sz)
+            else:
+                merged.append((off, sz))
+        self.free = merged
+
+    def view(self, offset: int, nbytes: int) -> np.ndarray:
+        return self.buf[offset:offset + nbytes]
+
