@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from ..diagnostics import Diagnostic, SpecErrors
 from ..layout import build_layout
 from ..model import Spec
-from . import layout_module, wire_module
+from . import kernels_module, layout_module, wire_module
 from .context import FamilyContext, GeneratedModule
 from .header import generated_header
 from .naming import family_import, family_module, family_package
@@ -39,6 +39,7 @@ FAMILY_MODULES: list[ModuleEmitter] = [
     package_init,
     layout_module.emit,
     wire_module.emit,
+    kernels_module.emit,
 ]
 
 
