@@ -18,6 +18,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .deployments import check_deployments
 from .diagnostics import Diagnostic, Location, SpecErrors
 from .emit import OutputSet, compile_specs
 from .frontend import parse_spec_text
@@ -80,8 +81,11 @@ def _unique(paths: list[str | Path]) -> list[str | Path]:
     return out
 
 
-def build(paths: list[str | Path]) -> Build:
-    """Load, check and render `paths`; never raises for a problem in a spec."""
+def build(paths: list[str | Path], deployments: str = "lower") -> Build:
+    """Load, check and render `paths`; never raises for a problem in a spec.
+
+    `deployments`: "skip", "lower" (each spec deployment is accepted or rejected as the spec
+    says) or "prove" (accepted ones also pass the coverage proof)."""
     b = Build()
     for path in _unique(paths):
         name = spec_display_path(path)
@@ -95,10 +99,19 @@ def build(paths: list[str | Path]) -> Build:
             continue
         b.sources[name] = text.splitlines()
         try:
-            b.specs.append(parse_spec_text(text, name))
+            spec = parse_spec_text(text, name)
         except SpecErrors as e:
             b.diagnostics.extend(e.diagnostics)
             b.failed.append(name)
+            continue
+        b.specs.append(spec)
+        if deployments != "skip":
+            found = check_deployments(
+                spec, lambda o, text=text, name=name: parse_spec_text(text, name, o),
+                prove=deployments == "prove")
+            if found:
+                b.diagnostics.extend(found)
+                b.failed.append(name)
     # Render the specs that loaded, even when others did not, to report emit-time errors
     # (name clashes) of every spec at once; the output is kept only when all is clean.
     try:

@@ -136,6 +136,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
     spec (only files that carry pdc's @generated header). If any spec has an error, nothing
     is written.
 
+    Every entry of a spec's `deployments` is proven first: it must be accepted or rejected
+    (with its `error` text) exactly as the spec says, and every accepted one must pass the
+    coverage proof (every decode byte written exactly once, with the aggregate's byte).
+
     Exit status: 0 on success, 1 on a spec error or when a file cannot be written.
     """
     from pdc.compiler.driver import DEFAULT_OUT, build, display_path
@@ -143,7 +147,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     paths = _spec_paths("compile", args.specs)
     if paths is None:
         return 2
-    b = build(paths)
+    b = build(paths, deployments="prove")
     if not b.ok:
         _report_errors("compile", b, len(paths), "; nothing written")
         return 1
@@ -185,7 +189,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     paths = _spec_paths("check", [])
     if paths is None:
         return 2
-    b = build(paths)
+    b = build(paths, deployments="skip")
     if not b.ok:
         _report_errors("check", b, len(paths))
         return 1
@@ -209,6 +213,67 @@ def cmd_check(args: argparse.Namespace) -> int:
          *(f"  orphan: {label}/{p} (produced by no spec)" for p in orphans),
          f"regenerate with: {regenerate}")
     return 1
+
+
+@command(
+    "plan",
+    arg("spec", metavar="SPEC", help="family spec"),
+    arg("--prefill", required=True, metavar="SIDE", help="prefill layout, e.g. tp=4,pp=2"),
+    arg("--decode", required=True, metavar="SIDE", help="decode layout, e.g. tp=1,dp=8"),
+    arg("--backend", default="mooncake", help="transfer backend (default: mooncake)"),
+    arg("--tokens", type=int, default=8192, metavar="N",
+        help="request length for the byte and descriptor counts (default: 8192)"),
+    arg("--json", action="store_true", help="print the report and the whole plan as JSON"),
+)
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Lower a transfer plan for a topology, prove it and print it per link.
+
+    SIDE is a comma-separated list of tp, pp, dp and page_size (defaults: 1, 1, 1 and the
+    spec's page_size). The topology is checked against the static rules (the spec's backend
+    matrix, equal page sizes, TP divisibility); a rejection names the rule and its spec line.
+    An accepted plan goes through the coverage proof and is printed as a table per
+    (prefill rank -> decode rank) link: entries, bytes of an N-token request, descriptors with
+    contiguous and with fragmented pages and on the staged path, and the replicated
+    components the link writes as elected writer.
+
+    Exit status: 0 for a proven plan, 1 for a rejected topology or a spec error.
+    """
+    from pdc.compiler.coverage import prove
+    from pdc.compiler.diagnostics import SpecErrors
+    from pdc.compiler.driver import spec_display_path
+    from pdc.compiler.frontend import parse_spec_text
+    from pdc.compiler.layout import build_layout
+    from pdc.compiler.lower import lower
+    from pdc.compiler.report import plan_report, render_json, render_table
+    from pdc.compiler.topology import parse_side_arg, topology_from_args
+
+    if args.tokens < 1:
+        _err("pdc plan: error: --tokens must be at least 1")
+        return 2
+    name = spec_display_path(args.spec)
+    try:
+        text = Path(args.spec).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        _err(f"{name}: error: cannot read spec: {getattr(e, 'strerror', None) or e}")
+        return 1
+    try:
+        side, errs = parse_side_arg(args.prefill, "--prefill")
+        if errs:
+            raise SpecErrors(errs)
+        page = side.get("page_size")
+        spec = parse_spec_text(text, name, {"page_size": page} if page else None)
+        layout = build_layout(spec)
+        topo, errs = topology_from_args(layout, args.prefill, args.decode, args.backend)
+        if errs:
+            raise SpecErrors(errs)
+        plan = lower(layout, topo, spec.backends)
+    except SpecErrors as e:
+        _err(str(e))
+        return 1
+    problems = prove(layout, plan)
+    report = plan_report(layout, plan, args.tokens, problems)
+    sys.stdout.write(render_json(report, plan) if args.json else render_table(report))
+    return 0 if not problems else 1
 
 
 # ~~~ runtime subcommands ~~~

@@ -1,0 +1,70 @@
+"""Prove a spec's `deployments`: each is accepted or rejected exactly as the spec says.
+
+An accepted deployment is lowered (static rules: backend matrix, page sizes, divisibility)
+and, when `prove` is set, its plan goes through the coverage proof. A deployment marked
+`expect: rejected` must be rejected, with a message containing its `error` text when given.
+A side's page_size other than the spec's re-evaluates the spec with that page size, since
+item shapes depend on it.
+"""
+
+from __future__ import annotations
+
+from .coverage import prove as prove_coverage
+from .diagnostics import Diagnostic, SpecErrors
+from .layout import build_layout
+from .lower import lower
+from .model import Deployment, Spec
+from .topology import side_from_spec
+
+
+def describe(d: Deployment) -> str:
+    def one(s) -> str:
+        parts = [f"tp={s.tp}"] + [f"pp={s.pp}"] * (s.pp > 1) + [f"dp={s.dp}"] * (s.dp > 1)
+        parts += [f"page_size={s.page_size}"] * (s.page_size is not None)
+        return ",".join(parts)
+
+    return f"prefill {one(d.prefill)} -> decode {one(d.decode)} over {d.backend}"
+
+
+def check_deployments(spec: Spec, reparse, prove: bool) -> list[Diagnostic]:
+    """`reparse(overrides)` returns the spec evaluated with param overrides."""
+    out: list[Diagnostic] = []
+    layouts: dict[int | None, object] = {}
+    for i, d in enumerate(spec.deployments):
+        page = d.prefill.page_size
+        what = f"deployment {i} ({describe(d)})"
+        try:
+            if page not in layouts:
+                s = spec if page is None or page == spec.env.get("page_size") else \
+                    reparse({"page_size": page})
+                layouts[page] = build_layout(s)
+            layout = layouts[page]
+            pside, e1 = side_from_spec(layout, d.prefill, "prefill")
+            dside, e2 = side_from_spec(layout, d.decode, "decode")
+            if e1 or e2:
+                raise SpecErrors(e1 + e2)
+            from pdc.runtime.plan_types import Topology
+
+            plan = lower(layout, Topology(pside, dside, d.backend), spec.backends, d.loc)
+        except SpecErrors as e:
+            first = e.diagnostics[0].message
+            if not d.expect_rejected:
+                out.append(Diagnostic(d.loc, f"{what} is rejected: {first}",
+                                      "fix the spec or the deployment, or mark it "
+                                      "`expect: rejected`"))
+            elif d.error and not any(d.error in x.message for x in e.diagnostics):
+                out.append(Diagnostic(d.loc, f"{what} is rejected, but no error mentions "
+                                      f"'{d.error}': {first}",
+                                      "update `error` to a phrase of the actual rejection"))
+            continue
+        if d.expect_rejected:
+            out.append(Diagnostic(d.loc, f"{what} is accepted, but the spec expects it to be "
+                                  "rejected", "remove `expect: rejected`, or fix the rule that "
+                                  "should reject it"))
+            continue
+        if prove:
+            problems = prove_coverage(layout, plan, limit=3)
+            if problems:
+                out.append(Diagnostic(d.loc, f"{what} fails the coverage proof: {problems[0]}",
+                                      "this is a lowering bug: please report it"))
+    return out

@@ -1,0 +1,105 @@
+"""What `pdc plan` prints: per link, entries, bytes and descriptors for an N-token request.
+
+Descriptor counts are what the data path would submit for one request in one chunk:
+direct with contiguous pages (one descriptor per entry and run of pages), direct with
+fragmented pages (one per page), and staged (partial entries packed into one bulk write per
+link, whole-item entries still direct, fragmented). Partial entries (head slices, sub-blocks)
+cost one descriptor per item and piece on the direct path whatever the page order.
+"""
+
+from __future__ import annotations
+
+import json
+
+from pdc.runtime.indices import pages_of, window_first_page
+from pdc.runtime.plan_types import Link, Plan
+
+from .layout import FamilyLayout
+
+
+def request_items(layout: FamilyLayout, tokens: int, page_size: int) -> dict[str, int]:
+    pages = pages_of(tokens, page_size)
+    out = {}
+    for c in layout.components:
+        if c.index == "page":
+            out[c.name] = pages
+        elif c.index == "window":
+            out[c.name] = pages - window_first_page(tokens, c.window_tokens, page_size)
+        elif c.index == "ring":
+            out[c.name] = c.ring_rows
+        else:
+            out[c.name] = 1
+    return out
+
+
+def link_stats(layout: FamilyLayout, link: Link, items: dict[str, int]) -> dict:
+    kinds = {c.name: c.index for c in layout.components}
+    nbytes = contiguous = fragmented = whole_frag = 0
+    partial = False
+    for e in link.entries:
+        n = items[e.component]
+        nbytes += n * sum(s.total_bytes for s in e.segments)
+        if e.whole_item:
+            runs_frag = 1 if kinds[e.component] == "ring" else n
+            contiguous += 1
+            fragmented += runs_frag
+            whole_frag += runs_frag
+        else:
+            partial = True
+            pieces = n * sum(s.repeat for s in e.segments)
+            contiguous += pieces
+            fragmented += pieces
+    return {"prefill": str(link.prefill), "decode": str(link.decode),
+            "entries": len(link.entries), "bytes": nbytes,
+            "descriptors": {"direct_contiguous": contiguous, "direct_fragmented": fragmented,
+                            "staged_fragmented": whole_frag + (1 if partial else 0)},
+            "elected_for": list(link.elected_for)}
+
+
+def plan_report(layout: FamilyLayout, plan: Plan, tokens: int, coverage: list) -> dict:
+    page = plan.topology.prefill.page_size
+    items = request_items(layout, tokens, page)
+    return {
+        "family": plan.family,
+        "topology": plan.topology.describe(),
+        "tokens": tokens,
+        "pages": pages_of(tokens, page),
+        "links": [link_stats(layout, lk, items) for lk in plan.links],
+        "responses_expected": {str(r.rank): plan.responses_expected(r.rank)
+                               for r in plan.decode},
+        "coverage": "proven" if not coverage else [str(p) for p in coverage],
+        "plan_digest": plan.digest(),
+    }
+
+
+def render_table(report: dict) -> str:
+    head = (f"{report['family']}: {report['topology']}\n"
+            f"request of {report['tokens']} tokens = {report['pages']} pages\n\n")
+    cols = ("link", "entries", "MiB/request", "desc contig", "desc frag", "staged frag",
+            "elected writer of")
+    rows = []
+    for lk in report["links"]:
+        d = lk["descriptors"]
+        rows.append((f"{lk['prefill']} -> {lk['decode']}", str(lk["entries"]),
+                     f"{lk['bytes'] / 2**20:.2f}", str(d["direct_contiguous"]),
+                     str(d["direct_fragmented"]), str(d["staged_fragmented"]),
+                     ", ".join(lk["elected_for"]) or "-"))
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
+    line = "  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True))
+    body = [line, "  ".join("-" * w for w in widths)]
+    body += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in rows]
+    total = sum(lk["bytes"] for lk in report["links"])
+    tail = [f"\ntotal {total / 2**20:.2f} MiB per request over {len(rows)} links",
+            "responses expected per decode rank: " + ", ".join(
+                f"{k}: {v}" for k, v in report["responses_expected"].items())]
+    cov = report["coverage"]
+    tail.append("coverage: proven (every decode byte written exactly once, with the "
+                "aggregate's byte)" if cov == "proven" else "coverage: FAILED\n  "
+                + "\n  ".join(cov))
+    return head + "\n".join(body) + "\n".join(["", *tail]) + "\n"
+
+
+def render_json(report: dict, plan: Plan) -> str:
+    out = dict(report)
+    out["plan"] = json.loads(plan.to_json())
+    return json.dumps(out, indent=1, sort_keys=True) + "\n"

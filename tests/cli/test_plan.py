@@ -1,0 +1,57 @@
+"""`pdc plan`: the acceptance cases of the lowering issue, in-process."""
+
+from __future__ import annotations
+
+import json
+
+from pdc.cli import main
+
+from .test_cli import QWEN, REPO
+
+GLM = REPO / "specs" / "glm52.yaml"
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_plan_prints_the_table(capsys):
+    code, out, err = run(capsys, "plan", str(QWEN), "--prefill", "tp=4", "--decode", "tp=1",
+                         "--tokens", "4096")
+    assert (code, err) == (0, "")
+    assert "request of 4096 tokens = 64 pages" in out
+    assert "pp0.tp0 -> pp0.tp0  127" in out
+    assert "responses expected per decode rank: pp0.tp0: 4" in out
+    assert "coverage: proven" in out
+
+
+def test_plan_rejection_names_the_rule(capsys):
+    code, out, err = run(capsys, "plan", str(QWEN), "--prefill", "tp=4", "--decode", "tp=1",
+                         "--backend", "nixl")
+    assert (code, out) == (1, "")
+    assert "rule `hetero_attention_tp: false` at specs/qwen38.yaml:" in err
+    assert "Traceback" not in err
+
+
+def test_plan_glm_pp_to_smaller_tp(capsys):
+    code, out, _ = run(capsys, "plan", str(GLM), "--prefill", "tp=8,pp=2", "--decode", "tp=4")
+    assert code == 0
+    assert "pp0.tp0: 2, pp0.tp1: 2, pp0.tp2: 2, pp0.tp3: 2" in out
+
+
+def test_plan_json_holds_the_plan(capsys):
+    code, out, _ = run(capsys, "plan", str(GLM), "--prefill", "tp=2", "--decode", "tp=1,dp=2",
+                       "--json")
+    report = json.loads(out)
+    assert code == 0 and report["coverage"] == "proven"
+    assert report["plan"]["topology"]["decode"]["dp"] == 2
+    assert {lk["prefill"] for lk in report["links"]} == {"pp0.tp0"}
+
+
+def test_plan_bad_side_is_a_located_error(capsys):
+    code, _, err = run(capsys, "plan", str(QWEN), "--prefill", "tp=four", "--decode", "tp=1")
+    assert code == 1
+    assert err.startswith("--prefill: error: tp in --prefill must be a positive integer, "
+                          "got 'four'")
