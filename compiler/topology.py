@@ -16,13 +16,28 @@ from .diagnostics import Diagnostic, Location
 from .layout import FamilyLayout
 from .model import KNOWN_BACKENDS, SideSpec
 
-SIDE_KEYS = ("tp", "pp", "dp", "page_size")
+SIDE_KEYS = ("tp", "pp", "dp", "page_size", "stages")
+
+
+def _parse_stages(value: str) -> tuple[tuple[int, ...], ...] | None:
+    """`0-19/20-59/60-79` (stages split by '/', ids and inclusive ranges joined by '+')."""
+    stages = []
+    for stage in value.split("/"):
+        ids: list[int] = []
+        for item in stage.split("+"):
+            lo, dash, hi = item.partition("-")
+            if not lo.isdigit() or (dash and not hi.isdigit()):
+                return None
+            ids.extend(range(int(lo), int(hi if dash else lo) + 1))
+        stages.append(tuple(ids))
+    return tuple(stages)
 
 
 def parse_side_arg(text: str, flag: str) -> tuple[dict, list[Diagnostic]]:
-    """`tp=4,pp=2` -> {"tp": 4, "pp": 2}; errors name the flag."""
+    """`tp=4,pp=2` -> {"tp": 4, "pp": 2}; `stages=0-2/3-47` gives explicit per-stage layer
+    lists (pp then defaults to their count); errors name the flag."""
     loc = Location(flag)
-    out: dict[str, int] = {}
+    out: dict = {}
     errors = []
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, sep, value = part.partition("=")
@@ -31,6 +46,15 @@ def parse_side_arg(text: str, flag: str) -> tuple[dict, list[Diagnostic]]:
             errors.append(Diagnostic(loc, f"cannot read '{part}' in {flag} {text}",
                                      f"write key=value pairs with keys {', '.join(SIDE_KEYS)}, "
                                      "e.g. tp=4,pp=2"))
+            continue
+        if key == "stages":
+            stages = _parse_stages(value.strip())
+            if stages is None:
+                errors.append(Diagnostic(loc, f"cannot read stages '{value}' in {flag}",
+                                         "write stages as 0-19/20-59/60-79: stages split by "
+                                         "'/', ids or inclusive ranges joined by '+'"))
+            else:
+                out["stages"] = stages
             continue
         try:
             n = int(value)
@@ -92,6 +116,17 @@ def topology_from_args(layout: FamilyLayout, prefill: str, decode: str,
     if backend not in KNOWN_BACKENDS:
         errors.append(Diagnostic(Location("--backend"), f"unknown backend '{backend}'",
                                  f"known backends: {', '.join(KNOWN_BACKENDS)}"))
+    if errors:
+        return None, errors
+    for side, flag in ((p, "--prefill"), (d, "--decode")):
+        if "stages" in side:
+            pp = side.setdefault("pp", len(side["stages"]))
+            listed = sorted(i for s in side["stages"] for i in s)
+            if pp != len(side["stages"]) or listed != list(range(layout.num_layers)):
+                errors.append(Diagnostic(Location(flag), f"{flag} stages must give pp lists "
+                                         f"that hold every real layer 0..{layout.num_layers - 1} "
+                                         "exactly once", "draft layers go with the last stage "
+                                         "and are not listed"))
     if errors:
         return None, errors
     ps, e1 = resolve_side(layout, **p, what="prefill", loc=Location("--prefill"))

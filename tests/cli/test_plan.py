@@ -55,3 +55,18 @@ def test_plan_bad_side_is_a_located_error(capsys):
     assert code == 1
     assert err.startswith("--prefill: error: tp in --prefill must be a positive integer, "
                           "got 'four'")
+
+
+def test_plan_explicit_stages_from_the_command_line(capsys):
+    # Stage 0 holds only GDN layers: the QSA RoPE ring is registered on stage 1 only.
+    code, out, _ = run(capsys, "plan", str(QWEN), "--prefill", "tp=2,stages=0-2/3-47",
+                       "--decode", "tp=1", "--json")
+    report = json.loads(out)
+    assert code == 0 and report["coverage"] == "proven"
+    reg0 = report["plan"]["prefill"][0]
+    assert reg0["rank"] == {"pp": 0, "tp": 0}
+    assert dict((n, e) for n, e, _ in reg0["components"])["qsa_rope"] == []
+    code, _, err = run(capsys, "plan", str(QWEN), "--prefill", "tp=2,stages=0-2/4-47",
+                       "--decode", "tp=1")
+    assert code == 1
+    assert "--prefill stages must give pp lists that hold every real layer 0..47" in err
