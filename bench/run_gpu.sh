@@ -49,6 +49,7 @@ if [ "${RUN_GPU_TESTS:-0}" = 1 ]; then
   # has no runtime/ inside) cannot shadow the shim's pdc package
   REPO=$PWD
   (cd /tmp && timeout 120 python3 -m pytest -q -p no:cacheprovider --import-mode=append \
-    --rootdir "$REPO" -m gpu "$REPO/tests/bench/test_local_device_engine.py")
+    --rootdir "$REPO" -m gpu "$REPO/tests/bench/test_local_device_engine.py" \
+    "$REPO/tests/runtime/test_copy_kernels.py")
   echo "=== gpu tests exit $? $(date -u +%T)"
 fi

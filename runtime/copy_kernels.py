@@ -249,22 +249,23 @@ def default_tiling(max_seg_bytes: int, max_rows: int, device: torch.device) -> T
     """Tile choice for a launch whose widest piece is `max_seg_bytes` and whose longest entry has
     `max_rows` pieces in total.
 
-    On a GPU a program moves up to 16 KiB per loop iteration (8 warps: four 16-byte vectors per
-    thread in flight) and up to 64 KiB in all, so a 1 MiB state item is spread over 16 programs
-    while small pieces are batched by rows. On an H200 other choices in that range measured
-    within run-to-run noise (docs/kernels.md). The interpreter runs programs one after another at
-    about 0.5 ms each plus the bytes, so there the tiles are made as large as allowed.
+    On a GPU a program moves up to 32 KiB per loop iteration (16 warps: four 16-byte vectors per
+    thread in flight) and up to 128 KiB in all, so a 1 MiB state item is spread over 8 programs
+    while small pieces are batched by rows. On an H200 this beat 16 KiB tiles with 8 warps by
+    0.7-3.3 points of the copy limit for 16- and 64-token pages and matched it for page 1;
+    64 KiB tiles lost 10 points at page 1 (BENCHMARKS.md (a)). The interpreter runs programs one
+    after another at about 0.5 ms each plus the bytes, so there the tiles are as large as allowed.
     """
     seg_pow2 = _next_pow2(max(1, max_seg_bytes))
     rows_pow2 = _next_pow2(max(1, max_rows))
     if device.type == "cpu":
         tile, per_program = 2**18, 2**24
     else:
-        tile, per_program = 2**14, 2**16
+        tile, per_program = 2**15, 2**17
     block = min(seg_pow2, tile)
     rows = max(1, min(rows_pow2, tile // block, 64 if device.type != "cpu" else 2**12))
     iters = max(1, min(_cdiv(max_seg_bytes, block), per_program // (rows * block)))
-    num_warps = 8 if rows * block >= 2**14 else 4
+    num_warps = 16 if rows * block >= 2**15 else (8 if rows * block >= 2**14 else 4)
     return Tiling(rows=rows, block_bytes=block, iters=iters, num_warps=num_warps)
 
 
