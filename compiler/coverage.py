@@ -41,16 +41,18 @@ def project(comp: ComponentLayout, full: np.ndarray, tp: int, rank: int) -> np.n
     s = comp.shard
     if s is None:
         return full
-    axis = sum(s.group_units) * s.unit_elems
+    sizes = s.unit_elems if isinstance(s.unit_elems, tuple) else \
+        (s.unit_elems,) * len(s.group_units)
+    axis = sum(g * u for g, u in zip(s.group_units, sizes, strict=True))
     a = full.reshape(s.outer, axis, s.inner_bytes)
     parts, start = [], 0
-    for g in s.group_units:
-        block = a[:, start * s.unit_elems:(start + g) * s.unit_elems, :]
-        block = block.reshape(s.outer, g, s.unit_elems * s.inner_bytes)
+    for g, u in zip(s.group_units, sizes, strict=True):
+        block = a[:, start:start + g * u, :]
+        block = block.reshape(s.outer, g, u * s.inner_bytes)
         lo = rank * g // tp
         hi = max(lo + 1, (rank + 1) * g // tp)
-        parts.append(block[:, lo:hi, :])
-        start += g
+        parts.append(block[:, lo:hi, :].reshape(s.outer, -1))
+        start += g * u
     return np.concatenate(parts, axis=1).reshape(-1)
 
 

@@ -16,18 +16,24 @@ from .schema import validate_shape
 from .yaml_loader import load_located
 
 
-def parse_spec_text(text: str, path: str, overrides: dict[str, int] | None = None) -> Spec:
-    """`overrides` replaces param values (e.g. a deployment's page_size) before modelling."""
+def parse_spec_text(text: str, path: str, overrides: dict[str, int] | None = None,
+                    dtypes: dict[str, str] | None = None) -> Spec:
+    """`overrides` replaces param values (e.g. a deployment's page_size) before modelling;
+    `dtypes` replaces the dtype of names declared in the spec's `dtypes` (e.g. `model`)."""
     doc, errors = load_located(text, path)
     if doc is None or errors:
         raise SpecErrors(errors)
-    if overrides and isinstance(doc.data, dict) and isinstance(doc.data.get("params"), dict):
-        for name, value in overrides.items():
-            if name not in doc.data["params"]:
-                raise SpecErrors([Diagnostic(doc.loc(("params",)), f"cannot override param "
-                                             f"'{name}': the spec does not declare it",
-                                             "override only declared params")])
-            doc.data["params"][name] = value
+    for key, what, given in (("params", "param", overrides), ("dtypes", "dtype", dtypes)):
+        if not given or not isinstance(doc.data, dict):
+            continue
+        declared = doc.data.get(key)
+        for name, value in given.items():
+            if not isinstance(declared, dict) or name not in declared:
+                raise SpecErrors([Diagnostic(doc.loc((key,) if key in doc.data else ()),
+                                             f"cannot override {what} '{name}': the spec does "
+                                             f"not declare it in `{key}`",
+                                             f"override only names declared in `{key}`")])
+            declared[name] = value
     shape = validate_shape(doc)
     if shape:
         raise SpecErrors(shape)
@@ -39,11 +45,12 @@ def parse_spec_text(text: str, path: str, overrides: dict[str, int] | None = Non
     return spec
 
 
-def load_spec(path: str | Path, overrides: dict[str, int] | None = None) -> Spec:
+def load_spec(path: str | Path, overrides: dict[str, int] | None = None,
+              dtypes: dict[str, str] | None = None) -> Spec:
     p = Path(path)
     try:
         text = p.read_text()
     except OSError as e:
         raise SpecErrors([Diagnostic(Location(str(path)), f"cannot read spec: {e.strerror}",
                                      "check the path")]) from None
-    return parse_spec_text(text, str(path), overrides)
+    return parse_spec_text(text, str(path), overrides, dtypes)

@@ -27,7 +27,11 @@ def _component_layout(c: Component) -> ComponentLayout:
         inner = c.item.dtype_bytes
         for d in c.item.shape[s.axis + 1 :]:
             inner *= d
-        geom = ShardGeometry(s.axis, outer, inner, tuple(g // s.unit for g in s.groups), s.unit)
+        units = tuple(g // u for g, u in zip(s.groups, s.units, strict=True))
+        # One int when every sub-block has the same unit size (the common case), else one
+        # size per sub-block (see ShardGeometry.unit_elems).
+        unit = s.units[0] if len(set(s.units)) == 1 else s.units
+        geom = ShardGeometry(s.axis, outer, inner, units, unit)
     return ComponentLayout(
         c.name, c.index.value, c.ring_rows, c.window_tokens, c.tensors, c.layer_ids, c.sentinel,
         c.request_wide, c.item.dtype, c.item.dtype_bytes, c.item.shape, c.item.nbytes, geom,

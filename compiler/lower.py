@@ -165,27 +165,37 @@ def _registrations(layout: FamilyLayout, side: Side) -> tuple[Registration, ...]
     return tuple(regs)
 
 
-def _shard_segments(comp: ComponentLayout, p_tp: int, d_tp: int,
-                    pairs: list[tuple[int, int]]) -> tuple[Segment, ...]:
-    """Strided segments for (source unit position, destination unit position) pairs."""
+def _shard_segments(comp: ComponentLayout, p_tp: int, d_tp: int, pairs: list[tuple[int, int]],
+                    src_units: tuple, dst_units: tuple) -> tuple[Segment, ...]:
+    """Strided segments for (source unit position, destination unit position) pairs; a unit
+    position indexes `src_units` / `dst_units`, the (sub-block, unit) lists of either rank."""
     s = comp.shard
-    unit_bytes = s.unit_elems * s.inner_bytes
+    sizes = s.unit_sizes
+
+    def offsets(units) -> list[int]:  # element offset of each local unit on its rank
+        out = [0]
+        for g, _ in units:
+            out.append(out[-1] + sizes[g])
+        return out
+
+    src_off, dst_off = offsets(src_units), offsets(dst_units)
     axis_p = s.local_axis(p_tp) * s.inner_bytes
     axis_d = s.local_axis(d_tp) * s.inner_bytes
-    runs: list[list[int]] = []  # [src_unit, dst_unit, count]
+    runs: list[list[int]] = []  # [src element, dst element, elements]
     for i_p, i_d in pairs:
-        if runs and runs[-1][0] + runs[-1][2] == i_p and runs[-1][1] + runs[-1][2] == i_d:
-            runs[-1][2] += 1
+        e_p, e_d, n = src_off[i_p], dst_off[i_d], sizes[src_units[i_p][0]]
+        if runs and runs[-1][0] + runs[-1][2] == e_p and runs[-1][1] + runs[-1][2] == e_d:
+            runs[-1][2] += n
         else:
-            runs.append([i_p, i_d, 1])
+            runs.append([e_p, e_d, n])
     segs = []
-    for i_p, i_d, n in runs:
-        nbytes = n * unit_bytes
+    inner = s.inner_bytes
+    for e_p, e_d, n in runs:
+        nbytes = n * inner
         if s.outer == 1 or (nbytes == axis_p == axis_d):
-            segs.append(Segment(i_p * unit_bytes, i_d * unit_bytes, nbytes * s.outer))
+            segs.append(Segment(e_p * inner, e_d * inner, nbytes * s.outer))
         else:
-            segs.append(Segment(i_p * unit_bytes, i_d * unit_bytes, nbytes, s.outer, axis_p,
-                                axis_d))
+            segs.append(Segment(e_p * inner, e_d * inner, nbytes, s.outer, axis_p, axis_d))
     return tuple(segs)
 
 
@@ -205,7 +215,8 @@ def _lower_entry(c, P: Side, D: Side, dst: RankId, s_p: int, pos_d: int, key, pr
     by_src: dict[int, list[tuple[int, int]]] = {}
     cands = tp_sources(P.tp, D.tp, dst.tp)
     held = {t: local_units(c, P.tp, t) for t in cands}
-    for i_d, unit in enumerate(local_units(c, D.tp, dst.tp)):
+    dst_units = local_units(c, D.tp, dst.tp)
+    for i_d, unit in enumerate(dst_units):
         # The first source holding the unit writes it; with GQA replication several do.
         t_p = next((t for t in cands if unit in held[t]), None)
         if t_p is None:
@@ -216,7 +227,7 @@ def _lower_entry(c, P: Side, D: Side, dst: RankId, s_p: int, pos_d: int, key, pr
         pos_p = source_position(pre_by_rank[src].entries(c.name), key, pos_d)
         links.setdefault((src, dst), []).append(LinkEntry(
             c.name, tensor, layer_id, pos_p, pos_d, c.item_bytes_at(P.tp),
-            c.item_bytes_at(D.tp), _shard_segments(c, P.tp, D.tp, pairs)))
+            c.item_bytes_at(D.tp), _shard_segments(c, P.tp, D.tp, pairs, held[t_p], dst_units)))
 
 
 def lower(layout: FamilyLayout, topo: Topology, backends: tuple[BackendRule, ...] = (),

@@ -13,6 +13,7 @@ params environment that the schema cannot see.
 
 from __future__ import annotations
 
+import difflib
 import enum
 from dataclasses import dataclass, field
 
@@ -87,11 +88,22 @@ class Layers:
 
 
 @dataclass(frozen=True, slots=True)
+class DtypeName:
+    """A dtype name of the spec's own (`dtypes:`), e.g. `model: bfloat16`: items may name it
+    instead of a dtype, and a run may override it (`load_spec(path, dtypes={...})`)."""
+
+    name: str
+    dtype: str
+    loc: Location
+
+
+@dataclass(frozen=True, slots=True)
 class Item:
     shape: tuple[int, ...]  # elements per axis
     shape_text: tuple[str, ...]  # each axis as written in the spec
-    dtype: str
+    dtype: str  # resolved: always one of DTYPE_BYTES
     loc: Location
+    dtype_text: str = ""  # as written, when it names a `dtypes` entry ("model")
 
     @property
     def dtype_bytes(self) -> int:
@@ -110,7 +122,7 @@ class Shard:
     """TP rule `shard: dim`: the axis is split across attention-TP ranks.
 
     The axis holds `sum(groups)` elements made of independent sub-blocks (`groups`; a single
-    group when none are given); each sub-block is split into `unit`-element units (a head)
+    group when none are given); each sub-block is split into units (a head) of its own size
     and sharded across ranks on its own, so a rank holds a slice of every sub-block and no
     slice ever crosses a sub-block boundary. When a sub-block has fewer units than TP ranks,
     units are replicated: rank r holds unit r // (tp / units) (GQA replication).
@@ -118,7 +130,7 @@ class Shard:
 
     axis: int
     groups: tuple[int, ...]  # elements per sub-block, in item order
-    unit: int  # elements per shard unit (1 = shard per element/head index)
+    units: tuple[int, ...]  # elements per shard unit of each sub-block (1 = per element/head)
     loc: Location
 
 
@@ -191,6 +203,7 @@ class Spec:
     loc: Location
     description: str = ""
     raw: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+    dtypes: tuple[DtypeName, ...] = ()
 
     @property
     def env(self) -> dict[str, int]:
@@ -242,6 +255,7 @@ class _Parser:
         # Layer kinds the spec declares (pattern entries, `kinds` keys, the draft kind), even
         # those left without layers; selectors may name them.
         self.declared_kinds: set[str] = set()
+        self.dtype_names: dict[str, str] = {}  # the spec's `dtypes`: name -> dtype
 
     def eval(self, value, path: tuple, what: str, env: dict | None = None) -> int | None:
         try:
@@ -293,6 +307,34 @@ class _Parser:
                 break
         order = {n: i for i, n in enumerate(raw)}
         return tuple(sorted(out, key=lambda p: order[p.name]))
+
+    def dtypes(self, raw: dict) -> tuple[DtypeName, ...]:
+        out = []
+        for name, dtype in raw.items():
+            loc = self.doc.key_loc(("dtypes", name))
+            if name in DTYPE_BYTES:
+                self.diags.error(loc, f"dtype name '{name}' is itself a dtype",
+                                 "give the name a meaning of its own, e.g. `model`")
+                continue
+            self.dtype_names[name] = dtype
+            out.append(DtypeName(name, dtype, loc))
+        return tuple(out)
+
+    def item_dtype(self, name: str, written: str, path: tuple) -> tuple[str, str]:
+        """(resolved dtype, the name as written when it is one of the spec's `dtypes`)."""
+        if written in DTYPE_BYTES:
+            return written, ""
+        if written in self.dtype_names:
+            return self.dtype_names[written], written
+        known = list(DTYPE_BYTES) + list(self.dtype_names)
+        close = difflib.get_close_matches(written, known, n=1)
+        own = f"; or a name declared in `dtypes` ({', '.join(self.dtype_names)})" \
+            if self.dtype_names else "; or declare a name of your own under `dtypes`"
+        self.diags.error(self.doc.loc(path), f"item dtype of '{name}' is '{written}', which is "
+                         "neither a dtype nor declared in `dtypes`",
+                         (f"did you mean '{close[0]}'? " if close else "")
+                         + f"use one of: {', '.join(DTYPE_BYTES)}" + own)
+        return "uint8", ""
 
     def layers(self, raw: dict) -> Layers:
         loc = self.doc.loc(("layers",))
@@ -435,7 +477,8 @@ class _Parser:
                 self.diags.error(self.doc.loc(base + ("item", "shape", i)),
                                  f"axis {i} ('{s}') of component '{name}' has size {v}",
                                  "every axis has at least one element")
-        item = Item(tuple(shape), tuple(texts), item_raw["dtype"], self.doc.loc(base + ("item",)))
+        dtype, dtype_text = self.item_dtype(name, item_raw["dtype"], base + ("item", "dtype"))
+        item = Item(tuple(shape), tuple(texts), dtype, self.doc.loc(base + ("item",)), dtype_text)
 
         shard = None
         if raw["tp"] != "replicated" and shape_ok:
@@ -490,13 +533,6 @@ class _Parser:
                 return None
             axis = matches[0]
         size = item.shape[axis]
-        unit = 1
-        if "unit" in raw:
-            unit = self.eval(raw["unit"], path + ("unit",), f"shard unit of '{name}'") or 1
-            if unit < 1:
-                self.diags.error(self.doc.loc(path + ("unit",)),
-                                 f"shard unit of '{name}' is {unit}", "a unit is >= 1 element")
-                unit = 1
         groups: tuple[int, ...] = (size,)
         if "groups" in raw:
             g = [self.eval(x, path + ("groups", i), f"shard group of '{name}'")
@@ -509,14 +545,48 @@ class _Parser:
                                  f"shard groups of '{name}' add up to {sum(groups)}, but axis "
                                  f"'{item.shape_text[axis]}' has {size} elements",
                                  "the sub-blocks must tile the sharded axis exactly")
-        for i, g in enumerate(groups):
+        units = self.units(name, raw, groups, path)
+        if units is None:
+            return None
+        for i, (g, unit) in enumerate(zip(groups, units, strict=True)):
             if g % unit:
                 where = path + ("groups", i) if "groups" in raw else path + ("shard",)
                 self.diags.error(self.doc.loc(where),
                                  f"sharded axis '{item.shape_text[axis]}' of '{name}': sub-block "
                                  f"of {g} elements is not a multiple of the {unit}-element unit",
                                  "each sub-block must hold whole units (heads)")
-        return Shard(axis, groups, unit, self.doc.loc(path))
+        return Shard(axis, groups, units, self.doc.loc(path))
+
+    def units(self, name: str, raw: dict, groups: tuple[int, ...],
+              path: tuple) -> tuple[int, ...] | None:
+        """`unit`: one size for every sub-block, or a list with one size per sub-block."""
+        if "unit" not in raw:
+            return (1,) * len(groups)
+        given = raw["unit"]
+        if not isinstance(given, list):
+            u = self.eval(given, path + ("unit",), f"shard unit of '{name}'") or 1
+            if u < 1:
+                self.diags.error(self.doc.loc(path + ("unit",)), f"shard unit of '{name}' is {u}",
+                                 "a unit is >= 1 element")
+                u = 1
+            return (u,) * len(groups)
+        if len(given) != len(groups):
+            self.diags.error(self.doc.loc(path + ("unit",)),
+                             f"shard units of '{name}' give {len(given)} sizes for "
+                             f"{len(groups)} sub-blocks",
+                             "give one unit size per sub-block of `groups`, or a single size")
+            return None
+        units = []
+        for i, x in enumerate(given):
+            u = self.eval(x, path + ("unit", i), f"shard unit of '{name}'")
+            if u is None:
+                return None
+            if u < 1:
+                self.diags.error(self.doc.loc(path + ("unit", i)),
+                                 f"shard unit of '{name}' is {u}", "a unit is >= 1 element")
+                u = 1
+            units.append(u)
+        return tuple(units)
 
     def side(self, raw: dict, path: tuple) -> SideSpec:
         stages = None
@@ -577,6 +647,7 @@ def build_spec(doc: Located, diags: Diagnostics) -> Spec | None:
     """Model a shape-valid document. Returns None only when nothing useful could be built."""
     raw = doc.data
     p = _Parser(doc, diags)
+    dtypes = p.dtypes(raw.get("dtypes", {}))
     params = p.params(raw["params"])
     layers = p.layers(raw["layers"])
     comps = []
@@ -601,4 +672,4 @@ def build_spec(doc: Located, diags: Diagnostics) -> Spec | None:
             d.get("backend", "mooncake"), d.get("expect", "accepted") == "rejected",
             d.get("error", ""), doc.loc(path)))
     return Spec(raw["family"], params, layers, tuple(comps), constraints, backends, tuple(deps),
-                doc.path, doc.loc(()), raw.get("description", ""), raw)
+                doc.path, doc.loc(()), raw.get("description", ""), raw, dtypes)

@@ -325,6 +325,59 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     concurrency=args.concurrency, seed=args.seed, timeout_s=args.timeout)
 
 
+@command(
+    "parity",
+    arg("specs", nargs="+", metavar="SPEC",
+        help="family specs bound to a transformers model (specs/hf-*.yaml)"),
+    arg("--prefill", default="tp=1", metavar="SIDE",
+        help="prefill layout, e.g. tp=2 or tp=1,pp=2 (default: tp=1)"),
+    arg("--decode", default="tp=1", metavar="SIDE", help="decode layout (default: tp=1)"),
+    arg("--engine", default="mooncake", choices=["mooncake", "nixl", "local"],
+        help="transfer engine (default: mooncake over loopback TCP)"),
+    arg("--dtype", default=None, choices=["float32", "bfloat16"],
+        help="model dtype (default: the spec's `dtypes` model entry)"),
+    arg("--tokens", type=int, default=20, metavar="N", help="prompt length (default: 20)"),
+    arg("--chunk", type=int, default=8, metavar="N",
+        help="tokens per chunked-prefill chunk, a multiple of the page size (default: 8)"),
+    arg("--steps", type=int, default=10, metavar="N",
+        help="tokens to generate; step 0 comes from the prefill (default: 10)"),
+    arg("--seed", type=int, default=0, help="seed of the prompt and of the page assignment"),
+    arg("--threads", type=int, default=1, metavar="N",
+        help="torch threads of every process (default: 1)"),
+    arg("--timeout", type=float, default=30.0, metavar="S",
+        help="transfer deadline in seconds (default: 30)"),
+    arg("--drop", action="append", default=[], metavar="COMPONENT",
+        help="negative control: remove COMPONENT from the plan's links (of every SPEC that "
+             "has it); parity must fail and name it"),
+)
+def cmd_parity(args: argparse.Namespace) -> int:
+    """Run tiny transformers models through pdc and check tokens and logits bit for bit.
+
+    For each SPEC (a family bound to a pdc.hf_state model in pdc/hf_adapter.py), starts
+    worker processes that play the prefill and decode ranks of the given layouts. Prefill
+    ranks build the tiny random-weight model, run the prompt as chunked prefill and place
+    their TP share of the cache in their pools after each chunk; pdc moves it through the
+    lowered plan and the real engine; the decode ranks' items are gathered in one
+    decode-model process, which rebuilds the cache and generates greedily. Tokens and
+    logits of every step must equal single-process generation (the same chunked prefill on
+    one cache in one process) bit for bit; on a mismatch the report names the first
+    differing step and the layer and component whose transferred state differs from the
+    prefill export. The processes are shared by all SPECs of one call.
+
+    Exit status: 0 when every SPEC reaches parity, 1 otherwise.
+    """
+    from pdc.parity import ParityWorkers, run_parity
+
+    if args.threads < 1:
+        _err("pdc parity: error: --threads must be at least 1")
+        return 2
+    with ParityWorkers(threads=args.threads) as workers:
+        return run_parity(args.specs, args.prefill, args.decode, args.engine, args.dtype,
+                          workers=workers, tokens=args.tokens, chunk_tokens=args.chunk,
+                          steps=args.steps, seed=args.seed, timeout_s=args.timeout,
+                          drop=tuple(args.drop))
+
+
 # ~~~ entry point ~~~
 
 

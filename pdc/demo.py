@@ -6,37 +6,34 @@ labels of each request (runtime.labels), requests run in waves of `concurrency`,
 decode rank verifies every byte of every item it owns after Success.
 
 Page ids are allocated by the parent from per-(side, dp group) free lists in a shuffled
-order (fragmented pools), except every fourth request, which gets contiguous pages.
+order (fragmented pools), except every fourth request, which gets contiguous pages
+(pdc.ranks.allocate). Process handling, endpoints and chunked sends are shared with
+`pdc parity` in pdc.ranks.
 """
 
 from __future__ import annotations
 
 import importlib
-import multiprocessing as mp
-import os
 import queue
-import shutil
 import sys
-import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-ROLE_PREFILL, ROLE_DECODE = "prefill", "decode"
+from .ranks import (
+    ROLE_DECODE,
+    ROLE_PREFILL,
+    Processes,
+    Req,
+    allocate,
+    bootstrap_server,
+    chunk_plan,
+    open_endpoint,
+    send_chunk,
+)
 
-
-@dataclass
-class Req:
-    room: int
-    tokens: int
-    chunk_tokens: int
-    prefix_tokens: int
-    # per side: page ids (one per absolute page position), slot, ring slot, aux row, window ids
-    ids: dict = field(default_factory=dict)
-    # Injected fault, for tests: "bad_page" makes decode announce a page id beyond its pool.
-    # The request must fail with a reason and leave every byte of its decode items untouched.
-    fault: str = ""
+__all__ = ["ROLE_DECODE", "ROLE_PREFILL", "DemoConfig", "Req", "default_decode", "run_demo"]
 
 
 @dataclass
@@ -86,26 +83,9 @@ def _labels_for(layout, plan, side, rank, seed, req: Req, side_ids):
                 yield comp, pos, item, where, project(comp, full, s.tp, rank.tp)
 
 
-def _rank_main(cfg: DemoConfig, side: str, dp: int, pp: int, tp: int, cmd_q, res_q,
-               log_path: str) -> None:
-    os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
-    os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
-    # Mooncake's glog writes to fd 2 and cannot be silenced otherwise: keep each rank's
-    # native log in a file and show it only when the rank fails.
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(fd, 2)
-    try:
-        _rank_loop(cfg, side, dp, pp, tp, cmd_q, res_q)
-    except Exception as e:  # noqa: BLE001 - report to the parent instead of dying silently
-        import traceback
-
-        res_q.put(("crash", side, dp, pp, tp, f"{e!r}\n{traceback.format_exc()}"))
-
-
-def _rank_loop(cfg, side, dp, pp, tp, cmd_q, res_q):
+def _rank_loop(cmd_q, res_q, cfg: DemoConfig, side: str, dp: int, pp: int, tp: int) -> None:
     from pdc.runtime import knobs
-    from pdc.runtime.control import BootstrapServer
-    from pdc.runtime.endpoints import DecodeEndpoint, KVPoll, PrefillEndpoint
+    from pdc.runtime.endpoints import KVPoll
     from pdc.runtime.engines import make_engine
     from pdc.runtime.plan_types import Plan, RankId, dp_group_of_room
     from pdc.runtime.pools import Capacity, RankPools
@@ -119,17 +99,13 @@ def _rank_loop(cfg, side, dp, pp, tp, cmd_q, res_q):
     topo = plan.topology
     boot = None
     if side == ROLE_PREFILL and (dp, pp, tp) == (0, 0, 0):
-        boot = BootstrapServer(topo.prefill.dp * topo.prefill.pp * topo.prefill.tp)
+        boot = bootstrap_server(plan)
         res_q.put(("bootstrap", boot.address))
     bootstrap = cmd_q.get()
     cap = Capacity(pages=cfg.pages, slots=cfg.slots, aux_rows=cfg.slots, window_pages=cfg.pages)
     pools = RankPools(layout, plan.registration(side, rank), cap)
     engine = make_engine(cfg.engine)
-    if side == ROLE_PREFILL:
-        ep = PrefillEndpoint(layout, wire_mod, plan, rank, dp, engine, pools, bootstrap)
-    else:
-        ep = DecodeEndpoint(layout, wire_mod, plan, rank, dp, engine, pools, bootstrap)
-        ep.wait_ready()
+    ep = open_endpoint(side, layout, wire_mod, plan, rank, dp, engine, pools, bootstrap)
     res_q.put(("ready", side, dp, pp, tp))
     my_dp = topo.prefill.dp if side == ROLE_PREFILL else topo.decode.dp
     while True:
@@ -146,18 +122,8 @@ def _rank_loop(cfg, side, dp, pp, tp, cmd_q, res_q):
                                                              r, ids):
                     pools.view(comp.name, pos)[item] = data
                 s = ep.sender(r.room)
-                page_size = topo.prefill.page_size
-                n_pages = len(ids["pages"])
-                per_chunk = r.chunk_tokens // page_size
-                starts = list(range(0, n_pages, per_chunk)) or [0]
-                for i, p0 in enumerate(starts):
-                    last = i == len(starts) - 1
-                    s.send(ids["pages"][p0:p0 + per_chunk], p0, last,
-                           min(r.tokens, (p0 + per_chunk) * page_size),
-                           slot=ids["slot"] if last else -1,
-                           ring_slot=ids["ring"] if last else -1,
-                           aux_row=ids["aux"] if last else -1,
-                           window_page_ids=ids["window"] if last else None)
+                for c in chunk_plan(r.tokens, r.chunk_tokens, topo.prefill.page_size):
+                    send_chunk(s, ids, c)
                 senders[r.room] = s
             deadline = time.monotonic() + cfg.timeout_s + 5
             while senders and time.monotonic() < deadline:
@@ -245,41 +211,6 @@ def _verify(layout, plan, rank, seed, req: Req, pools) -> str:
 # ~~~ parent ~~~
 
 
-def _allocate(cfg: DemoConfig, plan, layout, reqs: list[Req], rng) -> None:
-    from pdc.runtime.indices import window_first_page
-
-    topo = plan.topology
-    for side, s in ((ROLE_PREFILL, topo.prefill), (ROLE_DECODE, topo.decode)):
-        groups: dict[int, list[Req]] = {}
-        for r in reqs:
-            groups.setdefault(r.room % s.dp, []).append(r)
-        for _, rs in groups.items():
-            sizes = [-(-r.tokens // s.page_size) for r in rs]
-            contiguous = [r.room % 4 == 0 for r in rs]
-            n_contig = sum(n for n, c in zip(sizes, contiguous, strict=True) if c)
-            # Contiguous requests take consecutive ids from the bottom of the pool, the others
-            # a shuffled (fragmented) order of the rest.
-            frag = rng.permutation(np.arange(n_contig, cfg.pages, dtype=np.int64))
-            wins = rng.permutation(cfg.pages)
-            slots = rng.permutation(cfg.slots)
-            c_next = f_next = w_next = 0
-            for i, (r, n) in enumerate(zip(rs, sizes, strict=True)):
-                if contiguous[i]:
-                    page_ids = np.arange(c_next, c_next + n, dtype=np.int64)
-                    c_next += n
-                else:
-                    page_ids = frag[f_next:f_next + n]
-                    f_next += n
-                nw = 0
-                for c in layout.components:
-                    if c.index == "window":
-                        nw = n - window_first_page(r.tokens, c.window_tokens, s.page_size)
-                r.ids[side] = {"pages": page_ids, "slot": int(slots[i]), "ring": int(slots[i]),
-                               "aux": int(slots[i]),
-                               "window": wins[w_next:w_next + nw].astype(np.int64)}
-                w_next += nw
-
-
 def default_decode(spec_path: str, prefill: str, engine: str) -> tuple[str, str]:
     """decode tp=1 unless the spec's backend matrix forbids heterogeneous attention TP for
     this engine; then decode uses the prefill tp (and says so)."""
@@ -344,9 +275,6 @@ def run_demo(spec_path: str, prefill: str, decode: str, engine: str, requests: i
         reqs.append(Req(room=1000 + i, tokens=tokens, chunk_tokens=chunk_pages * page_size,
                         prefix_tokens=prefix, fault=(faults or {}).get(i, "")))
 
-    ctx = mp.get_context("spawn")
-    res_q = ctx.Queue()
-    procs, cmd_qs = [], []
     ranks = [(ROLE_PREFILL, g, s, t) for g in range(topo.prefill.dp)
              for s in range(topo.prefill.pp) for t in range(topo.prefill.tp)]
     ranks += [(ROLE_DECODE, g, s, t) for g in range(topo.decode.dp)
@@ -354,36 +282,23 @@ def run_demo(spec_path: str, prefill: str, decode: str, engine: str, requests: i
     print(f"pdc demo: {spec.family} {topo.describe()}; {len(ranks)} rank processes, "
           f"{requests} requests", file=out)
     t_start = time.monotonic()
-    log_dir = tempfile.mkdtemp(prefix="pdc-demo-")
+    procs = Processes("pdc-demo-")
     for side, g, s, t in ranks:
-        q = ctx.Queue()
-        log = os.path.join(log_dir, f"{side}-dp{g}-pp{s}-tp{t}.log")
-        p = ctx.Process(target=_rank_main, args=(cfg, side, g, s, t, q, res_q, log),
-                        daemon=True)
-        p.start()
-        procs.append(p)
-        cmd_qs.append(q)
-
-    def get(timeout=60.0):
-        msg = res_q.get(timeout=timeout)
-        if msg[0] == "crash":
-            raise RuntimeError(f"{msg[1]} dp{msg[2]} pp{msg[3]} tp{msg[4]} crashed: {msg[5]}")
-        return msg
+        procs.start(f"{side}-dp{g}-pp{s}-tp{t}", _rank_loop, (cfg, side, g, s, t))
+    get = procs.get
 
     try:
         msg = get()
         boot = msg[1]
-        for q in cmd_qs:
-            q.put(boot)
+        procs.broadcast(boot)
         for _ in ranks:
             get()
         outcome: dict[int, list] = {}
         done = 0
         for w in range(0, requests, concurrency):
             wave = reqs[w:w + concurrency]
-            _allocate(cfg, plan, layout, wave, rng)
-            for q in cmd_qs:
-                q.put(wave)
+            allocate(plan, layout, wave, rng, cfg.pages, cfg.slots)
+            procs.broadcast(wave)
             for _ in ranks:
                 m = get(timeout=timeout_s + 30)
                 for res in m[5]:
@@ -392,21 +307,16 @@ def run_demo(spec_path: str, prefill: str, decode: str, engine: str, requests: i
             bar = "#" * (30 * done // requests)
             print(f"\r  [{bar:<30}] {done}/{requests}", end="", file=sys.stderr, flush=True)
         print(file=sys.stderr)
-        for q in cmd_qs:
-            q.put(None)
+        procs.broadcast(None)
         for _ in ranks:
             get()
     except (RuntimeError, queue.Empty) as e:
-        print(f"pdc demo: error: {e}\n  rank logs: {log_dir}", file=sys.stderr)
-        for p in procs:
-            p.kill()
+        print(f"pdc demo: error: {e}\n  rank logs: {procs.log_dir}", file=sys.stderr)
+        procs.kill()
         return 1
-    for p in procs:
-        p.join(timeout=10)
-        if p.is_alive():
-            p.kill()
+    procs.join()
     wall = time.monotonic() - t_start
-    shutil.rmtree(log_dir, ignore_errors=True)
+    procs.close()
     return _report(outcome, reqs, wall, out)
 
 

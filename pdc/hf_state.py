@@ -50,7 +50,8 @@ class StateTensor:
     shard_axis: axis of the EXPORTED tensor a tensor-parallel engine splits; None = replicated.
     shard_size: config attribute giving the size of shard_axis when it is a plain head axis.
     segments: when shard_axis is a concatenation of separately sharded sections (conv channels),
-        (label, config attributes whose product is that section's size), in order.
+        (label, config attributes whose product is that section's size), in order. The first
+        attribute counts the section's shard units (heads or groups), the rest size one unit.
     dtype: "model" (the model's dtype) or a fixed torch dtype name (recurrent states stay fp32).
     """
 
@@ -227,6 +228,18 @@ def prefill(model, prompt_ids: torch.Tensor):
     return prefill_logits(model, prompt_ids)[0]
 
 
+def chunked_prefill(model, prompt_ids: torch.Tensor, bounds):
+    """Chunked prefill: one forward per (start, end) token range of `bounds`, in order, on one
+    cache. Yields (cache, logits of the chunk's last position [V]) after each chunk. With one
+    chunk covering the prompt it is `prefill_logits`; more chunks are a different computation
+    (other GEMM shapes), not bitwise equal to one forward."""
+    ids = prompt_ids.view(-1)
+    cache = None
+    for start, end in bounds:
+        logits, cache = _step(model, ids[start:end].view(1, -1), cache)
+        yield cache, logits
+
+
 def greedy_decode(model, cache, first_token: int | torch.Tensor, steps: int):
     """Feed `first_token`, then `steps - 1` argmax tokens. Returns (tokens [steps], logits
     [steps, V]) where tokens[i] = argmax(logits[i]) is the token produced by step i. The cache is
@@ -351,7 +364,8 @@ def import_state(family: str, model, state: dict[str, torch.Tensor], seq_len: in
 
 
 def describe_state(family: str, model, state: dict[str, torch.Tensor]) -> list[dict[str, Any]]:
-    """One row per state tensor: name, shape, dtype, kind, shard axis/size, segment sizes."""
+    """One row per state tensor: name, shape, dtype, kind, shard axis/size, segment sizes and
+    segment units (how many heads or groups a TP engine shards each segment into)."""
     config = model.config
     rows = []
     for i, recipe in enumerate(_layer_recipes(family, model)):
@@ -363,6 +377,7 @@ def describe_state(family: str, model, state: dict[str, torch.Tensor]) -> list[d
                     kind=spec.kind, attr=spec.attr, shard_axis=spec.shard_axis,
                     shard_size=getattr(config, spec.shard_size) if spec.shard_size else None,
                     segments=[(label, _prod(config, attrs)) for label, attrs in spec.segments],
+                    segment_units=[getattr(config, attrs[0]) for _, attrs in spec.segments],
                 )
             )
     return rows

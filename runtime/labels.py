@@ -27,11 +27,40 @@ def project(comp: ComponentLayout, full: np.ndarray, tp: int, rank: int) -> np.n
     g = comp.shard
     if g is None:
         return full
-    axis = sum(g.group_units) * g.unit_elems
-    a = full.reshape(g.outer, axis, g.inner_bytes)
-    starts = np.cumsum((0,) + g.group_units[:-1])
+    a = full.reshape(g.outer, g.axis_elems, g.inner_bytes)
+    sizes = g.unit_sizes
     parts = []
     for grp, unit in g.local_units(tp, rank):
-        e0 = (starts[grp] + unit) * g.unit_elems
-        parts.append(a[:, e0:e0 + g.unit_elems, :])
+        e0 = g.unit_offset(grp, unit)
+        parts.append(a[:, e0:e0 + sizes[grp], :])
     return np.concatenate(parts, axis=1).reshape(-1)
+
+
+def merge(comp: ComponentLayout, parts: list[np.ndarray], tp: int) -> tuple[np.ndarray, list[int]]:
+    """The inverse of `project`: full items from the bytes every rank of a TP group holds.
+
+    `parts[r]` is rank r's `[n, item_bytes_at(tp)]` bytes of n items; returns the full
+    `[n, item_bytes]` items and the ranks whose copy of a replicated unit (GQA replication,
+    or a replicated component) differs from a lower rank's copy: a TP engine would compute
+    with each rank's own copy, so a replica that disagrees is a transfer error too.
+    """
+    if len(parts) != tp:
+        raise ValueError(f"merge of '{comp.name}' needs {tp} ranks' bytes, got {len(parts)}")
+    n = parts[0].shape[0]
+    full = np.zeros((n, comp.item_bytes), np.uint8)
+    written = np.zeros(comp.item_bytes, bool)
+    disagree = []
+    for r, local in enumerate(parts):
+        where = project(comp, np.arange(comp.item_bytes), tp, r)
+        if local.shape != (n, len(where)):
+            raise ValueError(f"rank {r} holds {local.shape} bytes of '{comp.name}', expected "
+                             f"{(n, len(where))}")
+        seen = written[where]
+        if not np.array_equal(full[:, where[seen]], local[:, seen]):
+            disagree.append(r)
+        full[:, where[~seen]] = local[:, ~seen]
+        written[where] = True
+    if not written.all():
+        raise ValueError(f"the ranks of '{comp.name}' hold {int(written.sum())} of its "
+                         f"{comp.item_bytes} bytes")
+    return full, disagree

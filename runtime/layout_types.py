@@ -31,10 +31,23 @@ class ShardGeometry:
     outer: int  # product of the axes before the sharded axis (elements)
     inner_bytes: int  # bytes of one element of the sharded axis, trailing axes included
     group_units: tuple[int, ...]  # units per independently sharded sub-block
-    unit_elems: int  # elements of the sharded axis per unit
+    # Elements of the sharded axis per unit: one int for every sub-block, or one size per
+    # sub-block (Mamba2 conv [x | B | C]: x by head, B and C by group, of another size).
+    unit_elems: int | tuple[int, ...]
 
     def divisible(self, tp: int) -> bool:
         return all((g % tp == 0) if g >= tp else (tp % g == 0) for g in self.group_units)
+
+    @property
+    def unit_sizes(self) -> tuple[int, ...]:
+        """Elements per unit of each sub-block."""
+        u = self.unit_elems
+        return u if isinstance(u, tuple) else (u,) * len(self.group_units)
+
+    @property
+    def axis_elems(self) -> int:
+        """Elements of the whole (unsharded) sharded axis."""
+        return sum(n * u for n, u in zip(self.group_units, self.unit_sizes, strict=True))
 
     def units_per_rank(self, g: int, tp: int) -> int:
         n = self.group_units[g]
@@ -51,9 +64,16 @@ class ShardGeometry:
                 out.append((g, rank // (tp // n)))
         return tuple(out)
 
+    def unit_offset(self, g: int, unit: int) -> int:
+        """Element offset of unit `unit` of sub-block `g` in the whole sharded axis."""
+        sizes = self.unit_sizes
+        start = sum(n * u for n, u in zip(self.group_units[:g], sizes[:g], strict=True))
+        return start + unit * sizes[g]
+
     def local_axis(self, tp: int) -> int:
         """Elements of the sharded axis on one rank."""
-        return sum(self.units_per_rank(g, tp) for g in range(len(self.group_units))) * self.unit_elems
+        sizes = self.unit_sizes
+        return sum(self.units_per_rank(g, tp) * sizes[g] for g in range(len(self.group_units)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ Triton interpreter against the numpy gather/scatter the host path uses.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .context import FamilyContext, GeneratedModule
@@ -60,7 +61,9 @@ def kernels_view(ctx: FamilyContext) -> KernelsModuleView:
             unit = c.item_bytes
             why = "replicated: whole items"
         else:
-            unit = c.shard.unit_elems * c.shard.inner_bytes
+            # With units of several sizes (one per sub-block) every piece is a multiple of
+            # their greatest common divisor.
+            unit = math.gcd(*c.shard.unit_sizes) * c.shard.inner_bytes
             why = f"sharded: pieces are multiples of {unit}-byte units"
         comps.append(KernelComponentView(py_str(c.name), pow2_alignment(unit, c.item_bytes),
                                          c.item_bytes, unit, why))

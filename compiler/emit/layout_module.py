@@ -91,7 +91,8 @@ def _component_comments(c: Component, cl: ComponentLayout) -> tuple[str, ...]:
     shape_text = ", ".join(c.item.shape_text)
     shape = ", ".join(map(str, cl.shape))
     item = f"[{shape_text}]" if shape_text == shape else f"[{shape_text}] = [{shape}]"
-    lines.append(f"# item: {item} {cl.dtype}, {cl.item_bytes} bytes")
+    dtype = f"{c.item.dtype_text} = {cl.dtype}" if c.item.dtype_text else cl.dtype
+    lines.append(f"# item: {item} {dtype}, {cl.item_bytes} bytes")
     return tuple(lines)
 
 

@@ -1,7 +1,7 @@
 """The spec schema itself: valid JSON Schema 2020-12, and closed everywhere.
 
 Every object schema either forbids unknown keys (`additionalProperties: false`) or is a map
-keyed by user-chosen names (params, components, backends, layer kinds), in which case the
+keyed by user-chosen names (params, components, backends, layer kinds, dtypes), in which case the
 names are constrained by `propertyNames` and the values by an `additionalProperties` schema.
 """
 
@@ -12,7 +12,7 @@ import json
 from jsonschema import Draft202012Validator
 from pdc.compiler.schema import SCHEMA_PATH
 
-MAPS_KEYED_BY_USER_NAMES = {"params", "components", "backends", "kinds"}
+MAPS_KEYED_BY_USER_NAMES = {"params", "components", "backends", "kinds", "dtypes"}
 
 
 def _schema() -> dict:
