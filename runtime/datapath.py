@@ -98,9 +98,15 @@ def build_descriptors(link: Link, local: dict[str, list[LocalBuffer]],
                       pairs: dict[str, tuple[np.ndarray, np.ndarray]],
                       layers: set[int] | None = None, whole_only: bool = False) -> Descriptors:
     """Descriptors of `link` for one chunk; `layers` limits them to finished layers, and
-    `whole_only` leaves out partial entries (the staged path moves those)."""
+    `whole_only` leaves out partial entries (the staged path moves those).
+
+    Whole-item entries of one component share their id runs, so their descriptors are built
+    for all entries at once (base addresses x runs); the loop over entries only collects base
+    addresses and checks the peer's registration.
+    """
     srcs, dsts, lens = [], [], []
     runs_cache: dict[str, tuple] = {}
+    whole: dict[str, tuple[list[int], list[int], int, int]] = {}
     for e in link.entries:
         if e.component not in pairs:
             continue
@@ -126,10 +132,9 @@ def build_descriptors(link: Link, local: dict[str, list[LocalBuffer]],
             check_capacity(dst_ids, rb.capacity, f"decode '{e.component}'")
             runs_cache[e.component] = contiguous_runs(src_ids, dst_ids)
         if e.whole_item:
-            ss, ds, n = runs_cache[e.component]
-            srcs.append(lb.base + ss * lb.item_bytes)
-            dsts.append(rb.base + ds * rb.item_bytes)
-            lens.append(n * lb.item_bytes)
+            group = whole.setdefault(e.component, ([], [], lb.item_bytes, rb.item_bytes))
+            group[0].append(lb.base)
+            group[1].append(rb.base)
             continue
         s_items = lb.base + src_ids * lb.item_bytes
         d_items = rb.base + dst_ids * rb.item_bytes
@@ -140,6 +145,13 @@ def build_descriptors(link: Link, local: dict[str, list[LocalBuffer]],
             srcs.append((s_items[:, None] + so[None, :]).reshape(-1))
             dsts.append((d_items[:, None] + do[None, :]).reshape(-1))
             lens.append(np.full(len(src_ids) * seg.repeat, seg.nbytes, np.int64))
+    for comp, (s_bases, d_bases, s_item, d_item) in whole.items():
+        ss, ds, n = runs_cache[comp]
+        sb = np.asarray(s_bases, np.int64)[:, None]
+        db = np.asarray(d_bases, np.int64)[:, None]
+        srcs.append((sb + (ss * s_item)[None, :]).reshape(-1))
+        dsts.append((db + (ds * d_item)[None, :]).reshape(-1))
+        lens.append(np.broadcast_to(n * s_item, (len(s_bases), len(n))).reshape(-1))
     if not srcs:
         e = np.zeros(0, np.uint64)
         return Descriptors(e, e.copy(), e.copy())
