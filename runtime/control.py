@@ -124,7 +124,15 @@ class Hub:
 
     Server mode (`bind=True`): peers connect; incoming frames carry the peer identity, and
     `send(identity, payload)` answers a peer. Client mode: `connect(name, address)` opens one
-    DEALER per peer; `send(name, payload)` writes to it.
+    DEALER per peer (connecting a name again replaces its socket: a restarted peer);
+    `send(name, payload)` writes to it.
+
+    Sends never block the hub thread: a handler or timer running on the hub thread writes to
+    the socket directly (posting to its own outbox could fill it and deadlock), and a message
+    that a full queue (`control_queue_depth`) or a vanished peer refuses is dropped and
+    counted in `dropped`; the request it belonged to fails by its deadline. The hub handles at
+    most `max_messages_per_tick` incoming messages before serving its outbox and timers again,
+    so a flood from one peer cannot starve them.
     """
 
     def __init__(self, handler, bind: bool, on_tick=None, ctx: zmq.Context | None = None):
@@ -132,83 +140,115 @@ class Hub:
         self.handler = handler  # handler(peer_key: bytes|str, payload: bytes) on the hub thread
         self.on_tick = on_tick  # called on the hub thread at least every 50 ms
         self.bind = bind
+        self.dropped = 0  # outgoing messages refused by a full queue or a vanished peer
+        self.handler_errors = 0
+        self._depth = int(knobs.get("control_queue_depth"))
         self._outbox_addr = f"inproc://pdc-outbox-{uuid.uuid4().hex}"
         self._pull = self.ctx.socket(zmq.PULL)
+        self._pull.setsockopt(zmq.RCVHWM, self._depth)
         self._pull.bind(self._outbox_addr)
         self._push = self.ctx.socket(zmq.PUSH)
+        self._push.setsockopt(zmq.SNDHWM, self._depth)
         self._push.connect(self._outbox_addr)
         self._push_lock = threading.Lock()
+        self._closed = False
         self._dealers: dict[str, zmq.Socket] = {}
-        self._pending_connects: list[tuple[str, str]] = []
+        self._names: dict[zmq.Socket, str] = {}
         self.address = ""
         self._router = None
+        self._poller = zmq.Poller()
+        self._poller.register(self._pull, zmq.POLLIN)
         if bind:
             self._router = self.ctx.socket(zmq.ROUTER)
-            self._router.setsockopt(zmq.LINGER, 0)
-            self._router.setsockopt(zmq.MAXMSGSIZE, knobs.get("max_message_bytes"))
+            self._configure(self._router)
             self._router.setsockopt(zmq.ROUTER_MANDATORY, 0)
             self.address = _bind_random(self._router)
+            self._poller.register(self._router, zmq.POLLIN)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pdc-hub", daemon=True)
         self._thread.start()
+
+    def _configure(self, s: zmq.Socket) -> None:
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.MAXMSGSIZE, knobs.get("max_message_bytes"))
+        s.setsockopt(zmq.SNDHWM, self._depth)
+        s.setsockopt(zmq.RCVHWM, self._depth)
 
     def connect(self, name: str, address: str) -> None:
         self._post([b"C", name.encode(), address.encode()])
 
     def send(self, peer, payload: bytes) -> None:
         key = peer if isinstance(peer, bytes) else peer.encode()
-        self._post([b"S", key, payload])
+        if threading.get_ident() == self._thread.ident:
+            self._deliver(key, payload)
+        else:
+            self._post([b"S", key, payload])
 
     def _post(self, frames: list[bytes]) -> None:
         with self._push_lock:
+            if self._closed:
+                self.dropped += 1  # a late sender (e.g. a reconnect thread) after close()
+                return
             self._push.send_multipart(frames)
 
+    def _open(self, name: str, address: str) -> None:
+        old = self._dealers.pop(name, None)
+        if old is not None:
+            self._poller.unregister(old)
+            self._names.pop(old, None)
+            old.close(0)
+        s = self.ctx.socket(zmq.DEALER)
+        self._configure(s)
+        # A routing id of our own: the peer keeps knowing us across a TCP reconnect.
+        s.setsockopt(zmq.ROUTING_ID, uuid.uuid4().bytes)
+        s.connect(address)
+        self._dealers[name] = s
+        self._names[s] = name
+        self._poller.register(s, zmq.POLLIN)
+
+    def _deliver(self, key: bytes, payload: bytes) -> None:
+        try:
+            if self._router is not None:
+                self._router.send_multipart([key, payload], zmq.NOBLOCK)
+            else:
+                s = self._dealers.get(key.decode(errors="replace"))
+                if s is None:
+                    self.dropped += 1
+                    return
+                s.send(payload, zmq.NOBLOCK)
+        except zmq.ZMQError:
+            self.dropped += 1  # full queue or peer gone: its requests fail by deadline
+
     def _run(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self._pull, zmq.POLLIN)
-        if self._router is not None:
-            poller.register(self._router, zmq.POLLIN)
-        socks_by_obj: dict = {}
+        limit = int(knobs.get("max_messages_per_tick"))
         while not self._stop.is_set():
-            events = dict(poller.poll(20))
+            events = dict(self._poller.poll(20))
             if self._pull in events:
-                while True:
+                for _ in range(limit):
                     try:
                         op, key, arg = self._pull.recv_multipart(zmq.NOBLOCK)
                     except zmq.Again:
                         break
                     if op == b"C":
-                        s = self.ctx.socket(zmq.DEALER)
-                        s.setsockopt(zmq.LINGER, 0)
-                        s.setsockopt(zmq.MAXMSGSIZE, knobs.get("max_message_bytes"))
-                        s.connect(arg.decode())
-                        self._dealers[key.decode()] = s
-                        socks_by_obj[s] = key.decode()
-                        poller.register(s, zmq.POLLIN)
-                    elif self._router is not None:
-                        try:
-                            self._router.send_multipart([key, arg], zmq.NOBLOCK)
-                        except zmq.ZMQError:
-                            pass  # peer gone: its requests fail by heartbeat/deadline
-                    elif key.decode() in self._dealers:
-                        try:
-                            self._dealers[key.decode()].send(arg, zmq.NOBLOCK)
-                        except zmq.ZMQError:
-                            pass
+                        self._open(key.decode(), arg.decode())
+                    else:
+                        self._deliver(key, arg)
             if self._router is not None and self._router in events:
-                while True:
+                for _ in range(limit):
                     try:
                         frames = self._router.recv_multipart(zmq.NOBLOCK)
                     except zmq.Again:
                         break
                     if len(frames) == 2:
                         self._dispatch(frames[0], frames[1])
-            for s, name in list(socks_by_obj.items()):
+            for s, name in list(self._names.items()):
                 if s in events:
-                    while True:
+                    for _ in range(limit):
                         try:
                             payload = s.recv(zmq.NOBLOCK)
                         except zmq.Again:
+                            break
+                        except zmq.ZMQError:
                             break
                         self._dispatch(name, payload)
             if self.on_tick is not None:
@@ -231,6 +271,7 @@ class Hub:
             import sys
             import traceback
 
+            self.handler_errors += 1
             print(f"pdc: control handler error: {e!r}", file=sys.stderr)
             traceback.print_exc()
 
@@ -238,4 +279,5 @@ class Hub:
         self._stop.set()
         self._thread.join(timeout=2)
         with self._push_lock:
+            self._closed = True
             self._push.close(0)

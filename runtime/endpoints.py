@@ -1,8 +1,8 @@
 """Prefill and decode endpoints: the request lifecycle on top of plans, pools and an engine.
 
 Serving engines use the contract they know (names follow SGLang's): prefill
-`endpoint.sender(room).send(...)` per chunk; decode `endpoint.receiver(room).init(...)`;
-both `poll()` -> KVPoll and `abort()`.
+`endpoint.sender(room).send(...)` per chunk; decode `endpoint.receiver(room, generation)
+.init(...)`; both `poll()` -> KVPoll and `abort()`.
 
 Threads per endpoint: one control hub (ZeroMQ; owns the sockets, see control.Hub) and one
 transfer worker (prefill only; owns the engine batches). State shared between them sits
@@ -10,19 +10,55 @@ behind one lock per endpoint. Status is monotone: Bootstrapping < WaitingForInpu
 Transferring < Success; Failed is terminal and carries a reason.
 
 Note [Registration room]: replies to a registration travel as Status messages for the
-reserved room REG_ROOM, so the wire needs no separate message type for them.
+reserved room REG_ROOM, so the wire needs no separate message type for them. Messages a
+prefill rank refuses without a room to fail (malformed bytes, an abort from a connection that
+is not the registered rank) are answered the same way, with the reason.
+
+Note [Failure semantics]: what each side promises, so that no byte of a request lands in
+memory that was given to another one.
+- A prefill rank reports a terminal state for a (room, generation) only once none of its
+  writes for it is in flight: Success after the last batch completed, Failed (a Status, or
+  an AbortAck with drained=true to a rank that aborted) after every issued batch completed
+  or failed. A decode rank therefore counts a prefill rank as *quiet* for a request once it
+  has any of these from it. When the writes cannot be drained within `drain_timeout_s`,
+  prefill says so (AbortAck drained=false) and decode quarantines at once.
+- A decode request that fails for any reason of its own (abort, deadline, silent peer,
+  checksum) sends an Abort to every prefill rank not yet quiet. Its pages stay allocated
+  (`page_state` PENDING) until all are quiet (REUSABLE), or for at most
+  `abort_ack_timeout_s`, after which they are QUARANTINED: the serving engine must never
+  reuse them (a frozen prefill rank may wake up and finish its writes).
+- Generations: decode keys requests by (room, generation) and ignores every message of
+  another generation. Prefill serves one use of a room at a time; a request or abort of a
+  newer generation ends the current use (it fails and drains) before the next use starts
+  (Note [Room uses]).
+- Peers: a linked peer silent for `peer_dead_after_s` fails the requests that wait on it,
+  with a reason; a restarted decode rank registers again and replaces its earlier
+  incarnation, whose requests fail; decode re-reads the bootstrap table to reach a restarted
+  prefill rank.
+- Input: every message is decoded defensively (wire.py), every request and abort must come
+  from the connection that registered as that rank, every index is checked before any
+  write, and everything keyed by peer input is capped (knobs.py).
+
+Note [Room uses]: `PrefillEndpoint.rooms` holds the live use of each room. A use starts at the
+first `sender(room)` or TransferRequest, takes its generation from the first request, and
+ends in Success or Failed (retired into the bounded `finished` table). While a failed use
+still drains, a newer request and a new `sender(room)` go to its successor, which becomes
+live when the old use retires. A use that failed before any sender attached (decode aborted
+before prefill started, a bad index) answers the first later `sender(room)` with Failed, so
+a late prefill scheduler learns of the abort instead of waiting for its deadline.
 """
 
 from __future__ import annotations
 
+import enum
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import knobs
+from . import integrity, knobs
 from . import wire as W
 from .control import ControlError, Hub, bootstrap_call, fetch_table
 from .datapath import LocalBuffer, RemoteBuffer, build_descriptors, component_pairs
@@ -36,6 +72,16 @@ REG_ROOM = 2**64 - 1
 
 
 KVPoll = W.KVPoll  # one enum for the API and the wire (progress order, Failed terminal)
+_TERMINAL = (KVPoll.Success, KVPoll.Failed)
+
+
+class PageState(enum.Enum):
+    """May the decode pages of a request be given to another request?"""
+
+    IN_USE = "in_use"  # the request is not finished: prefill may write
+    PENDING = "pending"  # failed; waiting for every prefill rank to confirm its writes drained
+    REUSABLE = "reusable"  # no write of this request can land any more
+    QUARANTINED = "quarantined"  # unknown: never reuse these pages
 
 
 @dataclass
@@ -51,12 +97,8 @@ def _peer_name(side: str, dp: int, rank: RankId) -> str:
     return f"{side}.dp{dp}.{rank}"
 
 
-class _Family:
-    """The generated modules of one family, bundled."""
-
-    def __init__(self, layout: FamilyLayout, wire_module):
-        self.layout = layout
-        self.wire = wire_module
+def _clip(reason: str) -> str:
+    return reason.encode()[:W.MAX_REASON_BYTES].decode(errors="ignore") or "failed"
 
 
 # ~~~ prefill ~~~
@@ -73,30 +115,70 @@ class _Chunk:
     sent_all: bool = False
 
 
-@dataclass
-class _Room:
-    room: int
-    generation: int = 0
-    chunks: list = field(default_factory=list)
-    targets: dict = field(default_factory=dict)  # decode RankId -> DecodeTarget
-    inflight: list = field(default_factory=list)  # engine Batches
-    state: KVPoll = KVPoll.Bootstrapping
-    reason: str = ""
-    aborted_by: dict = field(default_factory=dict)  # decode peer name -> generation
-    done_chunks: int = 0
-    last_seen: bool = False
-    stats: RequestStats = field(default_factory=RequestStats)
-
-
 class _Peer:
-    def __init__(self, name: str, engine_peer: str, remote: dict, dp: int, rank: RankId):
+    """One incarnation of a registered decode rank."""
+
+    def __init__(self, name: str, identity: bytes, agent_info: bytes, engine_peer: str,
+                 remote: dict, dp: int, rank: RankId):
         self.name = name
+        self.identity = identity
+        self.agent_info = agent_info
         self.engine_peer = engine_peer
         self.remote = remote  # component -> [RemoteBuffer]
         self.dp = dp
         self.rank = rank
         self.last_heard = time.monotonic()
         self.dead = False
+        self.rooms_created = 0  # live rooms its requests created (max_pending_rooms_per_peer)
+
+
+@dataclass
+class _Target:
+    target: DecodeTarget
+    peer: _Peer  # the incarnation that asked: writes go to its memory only
+    identity: bytes
+
+
+@dataclass
+class _Room:
+    room: int
+    generation: int | None = None  # from the first TransferRequest (Note [Room uses])
+    chunks: list = field(default_factory=list)
+    targets: dict = field(default_factory=dict)  # decode RankId -> _Target
+    inflight: list = field(default_factory=list)  # engine Batches
+    state: KVPoll = KVPoll.Bootstrapping
+    reason: str = ""
+    aborted_by: dict = field(default_factory=dict)  # decode RankId -> (identity, generation)
+    last_seen: bool = False
+    has_sender: bool = False
+    created: float = field(default_factory=time.monotonic)
+    failed_at: float = 0.0
+    successor: _Room | None = None
+    parked: list = field(default_factory=list)  # (identity, TransferRequest) for this use
+    checksum: bool = field(default_factory=lambda: bool(knobs.get("checksum")))
+    digests: dict = field(default_factory=dict)  # decode RankId -> running link digest
+    bytes_to: dict = field(default_factory=dict)  # decode RankId -> bytes written
+    last_range: tuple = (0, 0)  # (page_start, page_count) of the last chunk
+    retired: bool = False
+    created_by: _Peer | None = None  # the peer whose request created the room
+    stats: RequestStats = field(default_factory=RequestStats)
+
+    def fail(self, reason: str) -> bool:
+        """Failed, unless already terminal; returns whether it changed."""
+        if self.state in _TERMINAL:
+            return False
+        self.state, self.reason, self.failed_at = KVPoll.Failed, reason, time.monotonic()
+        return True
+
+
+@dataclass
+class _Final:
+    """What a prefill rank remembers of a retired use of a room."""
+
+    state: KVPoll
+    reason: str
+    generation: int | None
+    had_sender: bool
 
 
 class PrefillEndpoint:
@@ -120,16 +202,21 @@ class PrefillEndpoint:
         engine.register(pools.base, pools.nbytes)
         self.lock = threading.Lock()
         self.rooms: dict[int, _Room] = {}
-        self.finished: OrderedDict[int, tuple[KVPoll, str, RequestStats]] = OrderedDict()
+        self.finished: OrderedDict[int, _Final] = OrderedDict()
         # Streaming sends every real layer and every sentinel once the forward is done.
         self._all_ids = {i for i, _ in layout.kind_of} | {
             c.sentinel for c in layout.components if c.request_wide}
         self.peers: dict[tuple[int, RankId], _Peer] = {}
-        self.identity: dict[str, bytes] = {}  # peer name -> router identity
+        self.by_identity: dict[bytes, _Peer] = {}
+        self.engine_peers: set[bytes] = set()  # agent infos connected (max_registrations)
+        self.counters: Counter = Counter()
         self._stop = threading.Event()
-        self.hub = Hub(self._on_message, bind=True, on_tick=self._tick)
         self._hb_seq = 0
         self._last_hb = 0.0
+        self._last_tick = 0.0
+        self.max_stall_s = 0.0  # longest gap between two timer runs of the control thread
+        # Last: the hub thread starts handling messages and timers at once.
+        self.hub = Hub(self._on_message, bind=True, on_tick=self._tick)
         bootstrap_call(bootstrap, {"op": "put", "dp": dp_group, "pp": rank.pp, "tp": rank.tp,
                                    "endpoint": self.hub.address},
                        knobs.get("bootstrap_timeout_s"))
@@ -138,13 +225,54 @@ class PrefillEndpoint:
 
     # ~~~ serving-engine API ~~~
 
-    def sender(self, room: int) -> PrefillSender:
-        return PrefillSender(self, room)
+    def sender(self, room: int, generation: int | None = None) -> PrefillSender:
+        """Start (or join) this rank's use of `room` (Note [Room uses]). Pass the request's
+        generation when the scheduler knows it (the router handed it out with the room): the
+        sender then serves that generation only, even if it comes late."""
+        g = generation
+        with self.lock:
+            live = self.rooms.get(room)
+            if live is None:
+                fin = self.finished.get(room)
+                if fin is not None and fin.state == KVPoll.Failed and not fin.had_sender and (
+                        g is None or fin.generation is None or g == fin.generation):
+                    # The use ended before prefill started it (decode aborted first, or its
+                    # request was refused): this sender reports that and sends nothing.
+                    fin.had_sender = True
+                    return self._ended(room, fin.generation, fin.reason)
+                if fin is not None and g is not None and fin.generation is not None and \
+                        g < fin.generation:
+                    return self._ended(room, g, f"superseded by generation {fin.generation}")
+                r = self._new_room(room)
+                r.generation = g
+            elif g is not None and live.generation is not None and g < live.generation:
+                return self._ended(room, g, f"superseded by generation {live.generation}")
+            elif g is not None and live.generation is not None and g > live.generation or \
+                    live.has_sender and live.state == KVPoll.Failed:
+                # The next use: it starts once the current one has ended and drained.
+                r = live.successor = live.successor or _Room(room)
+                if r.has_sender:
+                    raise ValueError(f"room {room}: the next use already has a sender")
+                r.generation = g if g is not None else r.generation
+            elif not live.has_sender:
+                r = live  # created by decode's request (or failed before a sender came)
+                r.generation = g if r.generation is None else r.generation
+            else:
+                raise ValueError(f"room {room} already has a live sender")
+            r.has_sender = True
+            return PrefillSender(self, r)
+
+    def _ended(self, room: int, generation: int | None, reason: str) -> PrefillSender:
+        """A sender for a use that is already over: poll() says Failed and why."""
+        self.counters["late_senders"] += 1
+        r = _Room(room, generation, state=KVPoll.Failed, reason=reason, has_sender=True,
+                  retired=True)
+        return PrefillSender(self, r)
 
     def layer_done(self, layer_id: int) -> None:
         """The forward finished writing `layer_id` for every streaming chunk sent so far."""
         with self.lock:
-            for r in self.rooms.values():
+            for r in self._uses():
                 for c in r.chunks:
                     if c.stream:
                         c.ready_layers.add(layer_id)
@@ -152,34 +280,63 @@ class PrefillEndpoint:
     def forward_done(self) -> None:
         """The forward finished: every streaming chunk sent so far is complete."""
         with self.lock:
-            for r in self.rooms.values():
+            for r in self._uses():
                 for c in r.chunks:
                     c.all_ready = True
+
+    def _uses(self):
+        for r in self.rooms.values():
+            yield r
+            if r.successor is not None:
+                yield r.successor
+
+    def stats(self) -> dict:
+        """Counters and table sizes, for tests and monitoring."""
+        with self.lock:
+            out = dict(self.counters)
+            out.update(rooms=len(self.rooms), finished=len(self.finished),
+                       peers=len(self.peers), engine_peers=len(self.engine_peers),
+                       dropped_sends=self.hub.dropped, handler_errors=self.hub.handler_errors,
+                       max_stall_ms=round(self.max_stall_s * 1e3))
+            return out
 
     def close(self) -> None:
         self._stop.set()
         self.worker.join(timeout=5)
         self.hub.close()
 
+    def _new_room(self, room: int) -> _Room:
+        r = self.rooms[room] = _Room(room)
+        self.finished.pop(room, None)
+        return r
+
     # ~~~ control messages (hub thread) ~~~
 
     def _reply(self, identity: bytes, msg) -> None:
         self.hub.send(identity, self.wire.encode(msg))
 
-    def _status(self, room: int, generation: int, state: KVPoll, reason: str = "",
-                nbytes: int = 0):
+    def _status(self, room: int, generation: int, state: KVPoll, reason: str = "", **kw):
         return W.Status(room=room, generation=generation, prefill_rank=self.rank, state=state,
-                        bytes_written=nbytes,
-                        reason=reason.encode()[:W.MAX_REASON_BYTES].decode(errors="ignore"))
+                        reason=_clip(reason) if state == KVPoll.Failed else reason[:200], **kw)
+
+    def _reject(self, identity: bytes, what: str, why: str, room: int = REG_ROOM,
+                generation: int = 0) -> None:
+        self.counters[f"rejected_{what}"] += 1
+        self._reply(identity, self._status(room, generation, KVPoll.Failed, why))
 
     def _on_message(self, identity: bytes, payload: bytes) -> None:
         try:
             msg = self.wire.decode(payload)
         except W.WireError as e:
             # Malformed input fails nothing but itself; tell the sender why.
-            self._reply(identity, self._status(REG_ROOM, 0, KVPoll.Failed,
-                                               f"malformed message: {e}"))
+            self._reject(identity, "malformed", f"malformed message: {e}")
             return
+        peer = self.by_identity.get(identity)
+        if peer is not None:
+            peer.last_heard = time.monotonic()
+            if peer.dead:
+                peer.dead = False
+                self.counters["peers_revived"] += 1
         if isinstance(msg, W.Register):
             self._on_register(identity, msg)
         elif isinstance(msg, W.TransferRequest):
@@ -187,13 +344,18 @@ class PrefillEndpoint:
         elif isinstance(msg, W.Abort):
             self._on_abort(identity, msg)
         elif isinstance(msg, W.Heartbeat):
-            for p in self.peers.values():
-                if self.identity.get(p.name) == identity:
-                    p.last_heard = time.monotonic()
+            if peer is None:
+                self.counters["rejected_heartbeat"] += 1
+        else:
+            self._reject(identity, "unexpected",
+                         f"unexpected message: a decode rank does not send {type(msg).__name__}")
 
     def _validate_register(self, msg) -> str:
         if msg.side != W.PeerSide.DECODE:
             return "only decode ranks register with a prefill rank"
+        if msg.dp_group >= self.plan.topology.decode.dp:
+            return (f"decode dp group {msg.dp_group} does not exist (the plan has "
+                    f"{self.plan.topology.decode.dp})")
         if msg.page_size != self.page_size:
             return f"page size differs: prefill {self.page_size}, decode {msg.page_size}"
         if msg.plan_digest != self.digest:
@@ -204,6 +366,8 @@ class PrefillEndpoint:
             reg = self.plan.registration("decode", rank)
         except KeyError:
             return f"decode rank {rank} is not part of the plan"
+        if rank not in self.links:
+            return f"decode rank {rank} has no link to prefill rank {self.rank}"
         for comp, section in zip(self.layout.components, msg.sections, strict=True):
             want = reg.entries(comp.name)
             got = [(e.tensor, e.layer_id) for e in section.entries]
@@ -218,78 +382,168 @@ class PrefillEndpoint:
 
     def _on_register(self, identity: bytes, msg) -> None:
         why = self._validate_register(msg)
-        if not why and len(self.peers) >= knobs.get("max_registrations"):
-            why = f"too many registrations (limit {knobs.get('max_registrations')})"
         if why:
-            self._reply(identity, self._status(REG_ROOM, 0, KVPoll.Failed, why))
+            self._reject(identity, "register", why)
             return
-        rank = msg.rank
-        name = _peer_name("decode", msg.dp_group, rank)
+        key = (msg.dp_group, msg.rank)
+        old = self.peers.get(key)
+        if old is not None and old.identity == identity and old.agent_info == msg.agent_info:
+            self._reply(identity, self._status(REG_ROOM, 0, KVPoll.WaitingForInput))
+            return  # the same incarnation registering again: nothing changes
+        limit = knobs.get("max_registrations")
+        if msg.agent_info not in self.engine_peers and len(self.engine_peers) >= limit:
+            self._reject(identity, "register",
+                         f"too many transfer-engine peers on this prefill rank (limit {limit})")
+            return
         try:
             engine_peer = self.engine.connect(msg.agent_info)
         except Exception as e:  # noqa: BLE001 - engine errors are reported, not raised
-            self._reply(identity, self._status(REG_ROOM, 0, KVPoll.Failed,
-                                               f"cannot connect the transfer engine: {e}"))
+            self._reject(identity, "register", f"cannot connect the transfer engine: {e}")
             return
+        self.engine_peers.add(msg.agent_info)
         remote = {
             comp.name: [RemoteBuffer(e.layer_id, comp.tensors.index(e.tensor), e.base_addr,
                                      e.item_bytes, e.capacity_items)
                         for e in section.entries]
             for comp, section in zip(self.layout.components, msg.sections, strict=True)
         }
+        name = _peer_name("decode", msg.dp_group, msg.rank)
+        new = _Peer(name, identity, msg.agent_info, engine_peer, remote, msg.dp_group, msg.rank)
         with self.lock:
-            self.peers[(msg.dp_group, rank)] = _Peer(name, engine_peer, remote, msg.dp_group, rank)
-            self.identity[name] = identity
+            if old is not None:
+                # A restarted decode rank: its earlier requests name pages of a process that
+                # is gone, and no byte of them may land in the new one; rooms still waiting
+                # for its request would wait for a request that the new process never sends.
+                self.counters["reregistrations"] += 1
+                self.by_identity.pop(old.identity, None)
+                ddp = self.plan.topology.decode.dp
+                for r in self.rooms.values():
+                    if any(t.peer is old for t in r.targets.values()) or (
+                            msg.rank not in r.targets and r.state not in _TERMINAL and
+                            dp_group_of_room(r.room, ddp) == msg.dp_group):
+                        r.fail(f"decode rank {name} registered again (restarted); requests of "
+                               "its previous incarnation fail")
+            self.peers[key] = new
+            self.by_identity[identity] = new
+        self.counters["registrations"] += 1
         self._reply(identity, self._status(REG_ROOM, 0, KVPoll.WaitingForInput))
 
+    def _requester(self, identity: bytes, room: int, rank: RankId) -> _Peer | str:
+        """The registered peer a request or abort must come from, or why it may not."""
+        if rank not in self.links:
+            return f"decode rank {rank} has no link to prefill rank {self.rank}"
+        g = dp_group_of_room(room, self.plan.topology.decode.dp)
+        peer = self.peers.get((g, rank))
+        if peer is None or peer.identity != identity:
+            return (f"room {room} belongs to decode rank {_peer_name('decode', g, rank)}, and "
+                    "this connection did not register as that rank")
+        return peer
+
     def _on_request(self, identity: bytes, msg) -> None:
-        rank = msg.decode_rank
+        room, gen, rank = msg.room, msg.generation, msg.decode_rank
+        g = dp_group_of_room(room, self.plan.topology.prefill.dp)
+        if g != self.dp_group:
+            self._reject(identity, "request", f"room {room} belongs to prefill dp group {g}",
+                         room, gen)
+            return
+        peer = self._requester(identity, room, rank)
+        if isinstance(peer, str):
+            self._reject(identity, "request", peer, room, gen)
+            return
+        target = DecodeTarget(
+            np.asarray(msg.dst_page_ids, np.int64), int(msg.decode_prefix_tokens), msg.slot,
+            msg.ring_slot, msg.aux_row, np.asarray(msg.window_page_ids, np.int64))
+        why = _check_target(self.layout, peer.remote, target)
         with self.lock:
-            if dp_group_of_room(msg.room, self.plan.topology.prefill.dp) != self.dp_group:
-                why = f"room {msg.room} belongs to prefill dp group " \
-                      f"{dp_group_of_room(msg.room, self.plan.topology.prefill.dp)}"
-                self._reply(identity, self._status(msg.room, msg.generation, KVPoll.Failed, why))
-                return
-            if rank not in self.links:
-                self._reply(identity, self._status(msg.room, msg.generation, KVPoll.Failed,
-                                                   f"decode rank {rank} has no link to {self.rank}"))
-                return
-            r = self.rooms.get(msg.room)
+            r = self.rooms.get(room)
             if r is None:
-                if len(self.rooms) >= knobs.get("max_pending_rooms"):
-                    self._reply(identity, self._status(msg.room, msg.generation, KVPoll.Failed,
-                                                       "too many pending rooms"))
+                fin = self.finished.get(room)
+                if fin is not None and (fin.generation is None or gen <= fin.generation):
+                    self._answer_retired(identity, room, gen, fin)
                     return
-                r = self.rooms[msg.room] = _Room(msg.room, msg.generation)
-            if msg.generation < r.generation:
-                return  # a stale request of an aborted earlier use of this room
-            r.generation = msg.generation
-            target = DecodeTarget(
-                np.asarray(msg.dst_page_ids, np.int64), int(msg.decode_prefix_tokens), msg.slot,
-                msg.ring_slot, msg.aux_row, np.asarray(msg.window_page_ids, np.int64))
-            peer = self.peers.get((dp_group_of_room(msg.room, self.plan.topology.decode.dp), rank))
-            why = "decode rank sent a request before registering" if peer is None else \
-                _check_target(self.layout, peer.remote, target)
+                limit = knobs.get("max_pending_rooms")
+                if len(self.rooms) >= limit:
+                    self._reject(identity, "request", f"too many pending rooms (limit {limit})",
+                                 room, gen)
+                    return
+                limit = knobs.get("max_pending_rooms_per_peer")
+                if peer.rooms_created >= limit:
+                    self._reject(identity, "request", f"too many pending rooms from {peer.name} "
+                                 f"(limit {limit})", room, gen)
+                    return
+                r = self._new_room(room)
+                r.created_by = peer
+                peer.rooms_created += 1
+            if r.generation is not None and gen < r.generation:
+                self.counters["stale_requests"] += 1
+                return  # decode has moved on to a newer use of this room
+            if r.generation is not None and gen > r.generation:
+                # A newer use: the current one ends (and drains) first (Note [Room uses]).
+                r.fail(f"superseded by generation {gen} of room {room}")
+                nxt = r.successor = r.successor or _Room(room)
+                nxt.parked = [(i, m) for i, m in nxt.parked if m.decode_rank != rank]
+                nxt.parked.append((identity, msg))  # the newest per decode rank: bounded
+                self.counters["superseded"] += 1
+                return
+            r.generation = gen
+            if r.state == KVPoll.Failed:
+                return  # the use is draining; its Failed status goes to this rank too
+            if rank in r.targets:
+                self.counters["duplicate_requests"] += 1
+                return
             if why:
                 # Refused before any write: no byte of this request may land anywhere.
-                r.state, r.reason = KVPoll.Failed, f"bad index from decode {rank}: {why}"
+                self.counters["bad_index"] += 1
+                r.fail(f"bad index from decode {rank}: {why}")
                 return
-            r.targets[rank] = target
+            r.targets[rank] = _Target(target, peer, identity)
             if r.state < KVPoll.WaitingForInput:
                 r.state = KVPoll.WaitingForInput
 
+    def _answer_retired(self, identity: bytes, room: int, gen: int, fin: _Final) -> None:
+        """A request for a use that already ended (caller holds the lock)."""
+        if fin.state == KVPoll.Failed and (fin.generation is None or gen == fin.generation):
+            self._reply(identity, self._status(room, gen, KVPoll.Failed, fin.reason))
+        else:
+            # A repeat of a request that succeeded (its Success went out), or an older one.
+            self.counters["stale_requests"] += 1
+
     def _on_abort(self, identity: bytes, msg) -> None:
-        rank = msg.decode_rank
+        room, gen, rank = msg.room, msg.generation, msg.decode_rank
+        peer = self._requester(identity, room, rank)
+        if isinstance(peer, str):
+            self._reject(identity, "abort", f"abort refused: {peer}")
+            return
+        self.counters["aborts"] += 1
+        ack = W.AbortAck(room=room, generation=gen, prefill_rank=self.rank, drained=True)
         with self.lock:
-            r = self.rooms.get(msg.room)
-            if r is None or msg.generation < r.generation:
-                self._reply(identity, W.AbortAck(room=msg.room, generation=msg.generation,
-                                                 prefill_rank=self.rank, drained=True))
+            r = self.rooms.get(room)
+            if r is None:
+                fin = self.finished.get(room)
+                if fin is None or (fin.generation is not None and gen > fin.generation):
+                    # Aborted before this rank saw the room: remember it for a late sender.
+                    self._remember(room, _Final(KVPoll.Failed, "aborted by decode", gen, False))
+                self._reply(identity, ack)  # a retired use has nothing in flight
                 return
-            r.aborted_by[rank] = (identity, msg.generation)
-            if r.state != KVPoll.Success:
-                r.state = KVPoll.Failed
-                r.reason = r.reason or "aborted by decode"
+            if r.generation is not None and gen < r.generation:
+                self._reply(identity, ack)  # that use retired (drained) before this began
+                return
+            if r.generation is not None and gen > r.generation:
+                # Abort of a newer use that is still parked: nothing of it was issued.
+                nxt = r.successor
+                if nxt is not None:
+                    nxt.parked = [(i, m) for i, m in nxt.parked
+                                  if not (m.generation == gen and m.decode_rank == rank)]
+                    nxt.fail("aborted by decode")
+                self._reply(identity, ack)
+                return
+            r.aborted_by[rank] = (identity, gen)
+            if r.stats.batches and r.state not in _TERMINAL:
+                self.counters["aborts_mid_transfer"] += 1
+                if r.inflight:
+                    self.counters["aborts_with_writes_in_flight"] += 1
+            r.fail("aborted by decode")
+            # The worker acks once every issued write of the room completed or failed.
 
     def _tick(self) -> None:
         now = time.monotonic()
@@ -299,19 +553,27 @@ class PrefillEndpoint:
             hb = self.wire.encode(W.Heartbeat(side=W.PeerSide.PREFILL, rank=self.rank,
                                               sequence=self._hb_seq,
                                               monotonic_ns=time.monotonic_ns()))
-            for _name, ident in list(self.identity.items()):
-                self.hub.send(ident, hb)
+            for p in list(self.peers.values()):
+                self.hub.send(p.identity, hb)
         dead_after = knobs.get("peer_dead_after_s")
         with self.lock:
+            gap = now - self._last_tick if self._last_tick else 0.0
+            self.max_stall_s = max(self.max_stall_s, gap)
+            stalled = gap > dead_after
+            self._last_tick = now
             for p in self.peers.values():
-                if not p.dead and now - p.last_heard > dead_after:
-                    p.dead = True
-                    for r in self.rooms.values():
-                        if r.state < KVPoll.Success and any(
-                                t == p.rank for t in r.targets) and \
-                                dp_group_of_room(r.room, self.plan.topology.decode.dp) == p.dp:
-                            r.state = KVPoll.Failed
-                            r.reason = f"decode peer {p.name} silent for {dead_after} s"
+                if stalled:
+                    # This process did not run for a while (stopped or starved): silence it
+                    # could not hear says nothing about the peers. Give them a fresh window.
+                    p.last_heard = max(p.last_heard, now)
+                if p.dead or now - p.last_heard <= dead_after:
+                    continue
+                p.dead = True
+                self.counters["peers_dead"] += 1
+                for r in self.rooms.values():
+                    if p.rank in self.links and r.state not in _TERMINAL and \
+                            dp_group_of_room(r.room, self.plan.topology.decode.dp) == p.dp:
+                        r.fail(f"decode peer {p.name} silent for {dead_after} s")
 
     # ~~~ transfer worker ~~~
 
@@ -322,39 +584,60 @@ class PrefillEndpoint:
     def _work(self) -> None:
         sleep_s = knobs.get("poll_sleep_s")
         while not self._stop.is_set():
-            busy = False
+            busy = waiting = False
             with self.lock:
                 rooms = list(self.rooms.values())
             for r in rooms:
-                busy |= self._advance(r)
+                try:
+                    busy |= self._advance(r)
+                    waiting |= bool(r.inflight)
+                except Exception as e:  # noqa: BLE001 - one room's bug must not stop all
+                    import sys
+                    import traceback
+
+                    self.counters["worker_errors"] += 1
+                    print(f"pdc: prefill worker error on room {r.room}: {e!r}", file=sys.stderr)
+                    traceback.print_exc()
+                    with self.lock:
+                        r.fail(f"internal error: {e!r}")
             if not busy:
-                time.sleep(sleep_s * 10)
+                # Nothing moved: poll in-flight writes again soon, but never spin on them.
+                time.sleep(sleep_s if waiting else sleep_s * 10)
+
+    def _poll_inflight(self, r: _Room) -> None:
+        still = []
+        for b in r.inflight:
+            st = self.engine.poll(b)
+            if st is BatchState.PENDING:
+                still.append(b)
+            elif st is BatchState.FAILED:
+                with self.lock:
+                    r.fail(f"transfer failed: {b.reason}")
+        r.inflight = still
 
     def _advance(self, r: _Room) -> bool:
         """Move one room forward; returns whether anything happened."""
+        had = len(r.inflight)
+        if had:
+            self._poll_inflight(r)
+        now = time.monotonic()
         with self.lock:
+            if r.state not in _TERMINAL and now - r.created > knobs.get("prefill_room_timeout_s"):
+                r.fail(self._timeout_reason(r))
             state = r.state
             peers = self._peers_of(r.room)
-        if r.inflight:
-            still = []
-            for b in r.inflight:
-                st = self.engine.poll(b)
-                if st is BatchState.PENDING:
-                    still.append(b)
-                elif st is BatchState.FAILED:
-                    with self.lock:
-                        if r.state != KVPoll.Failed:
-                            r.state, r.reason = KVPoll.Failed, f"transfer failed: {b.reason}"
-            r.inflight = still
-            if still:
-                return True
         if state == KVPoll.Failed:
-            self._finish_failed(r, peers)
-            return False
-        if state == KVPoll.Success:
-            return False
+            return self._finish_failed(r)
+        if r.inflight:
+            return len(r.inflight) < had  # still waiting on its writes
         if any(p is None for _, p in peers) or any(d not in r.targets for d, _ in peers):
             return False  # waiting for decode registration or its TransferRequest
+        for d, p in peers:
+            if r.targets[d].peer is not p:
+                with self.lock:
+                    r.fail(f"decode rank {p.name} registered again (restarted); requests of "
+                           "its previous incarnation fail")
+                return True
         progressed = False
         for c in list(r.chunks):
             if c.sent_all:
@@ -367,21 +650,26 @@ class PrefillEndpoint:
                 layers, finished = (c.ready_layers - c.sent_layers), False
                 if not layers:
                     continue
+            with self.lock:
+                if r.state == KVPoll.Failed:
+                    return True  # stop issuing: an abort or a failure arrived meanwhile
             try:
-                self._submit(r, c, peers, layers)
+                self._submit(r, c, layers)
+                if finished and r.checksum:
+                    self._digest_chunk(r, c)
             except (IndexError_, ValueError) as e:
                 with self.lock:
-                    r.state, r.reason = KVPoll.Failed, f"bad index: {e}"
-                self._finish_failed(r, peers)
+                    r.fail(f"bad index: {e}")
                 return True
             except TransferError as e:
                 with self.lock:
-                    r.state, r.reason = KVPoll.Failed, f"transfer refused: {e}"
-                self._finish_failed(r, peers)
+                    r.fail(f"transfer refused: {e}")
                 return True
             if layers is not None:
                 c.sent_layers |= layers
             c.sent_all = finished
+            if c.chunk.last and finished:
+                r.last_range = (c.chunk.page_start, len(c.chunk.page_ids))
             progressed = True
         if r.inflight:
             with self.lock:
@@ -389,60 +677,124 @@ class PrefillEndpoint:
                     r.state = KVPoll.Transferring
             return True
         if r.last_seen and all(c.sent_all for c in r.chunks):
-            with self.lock:
-                r.state = KVPoll.Success
-                r.stats.t_done = time.monotonic()
-            for _d, p in peers:
-                self.hub.send(self.identity[p.name], self.wire.encode(self._status(
-                    r.room, r.generation, KVPoll.Success, nbytes=r.stats.bytes)))
-            with self.lock:
-                self._retire(r)
+            self._finish_success(r)
             return True
         return progressed
 
-    def _retire(self, r: _Room) -> None:
-        """Forget a finished room but remember its outcome for poll() (bounded)."""
-        self.rooms.pop(r.room, None)
-        self.finished[r.room] = (r.state, r.reason, r.stats)
-        while len(self.finished) > knobs.get("max_pending_rooms"):
-            self.finished.popitem(last=False)
+    def _timeout_reason(self, r: _Room) -> str:
+        t = knobs.get("prefill_room_timeout_s")
+        missing = [str(d) for d, _ in self._peers_of(r.room) if d not in r.targets]
+        if missing:
+            return f"no transfer request from decode rank(s) {', '.join(missing)} within {t} s"
+        if not r.has_sender or not r.last_seen:
+            return f"prefill did not send the last chunk within {t} s"
+        return f"transfer not finished within {t} s"
 
-    def _submit(self, r: _Room, c: _Chunk, peers, layers) -> None:
-        for d, p in peers:
-            target = r.targets[d]
-            pairs = component_pairs(self.layout, c.chunk, target, self.page_size)
-            desc = build_descriptors(self.links[d], self.local, p.remote, pairs, layers)
+    def _submit(self, r: _Room, c: _Chunk, layers) -> None:
+        """Issue one chunk's writes (`layers`: only these; None: all) to every decode target."""
+        for d, t in r.targets.items():
+            pairs = component_pairs(self.layout, c.chunk, t.target, self.page_size)
+            desc = build_descriptors(self.links[d], self.local, t.peer.remote, pairs, layers)
             if desc.count == 0:
                 continue
             if r.stats.batches == 0:
                 r.stats.t_init = time.monotonic()
-            batch = self.engine.submit_write(p.engine_peer, desc.src, desc.dst, desc.nbytes)
+            batch = self.engine.submit_write(t.peer.engine_peer, desc.src, desc.dst,
+                                             desc.nbytes)
             r.inflight.append(batch)
             r.stats.bytes += desc.total_bytes
             r.stats.descriptors += desc.count
             r.stats.batches += 1
+            r.bytes_to[d] = r.bytes_to.get(d, 0) + desc.total_bytes
 
-    def _finish_failed(self, r: _Room, peers) -> None:
+    def _digest_chunk(self, r: _Room, c: _Chunk) -> None:
+        """Add a complete chunk's source bytes to each link's digest (Note [Link digest])."""
+        for d, t in r.targets.items():
+            pairs = component_pairs(self.layout, c.chunk, t.target, self.page_size)
+            part = integrity.link_digest(r.room, r.generation, self.links[d], self.pools.view,
+                                         pairs, "src")
+            r.digests[d] = integrity.add(r.digests.get(d, 0), part)
+
+    def _finish_success(self, r: _Room) -> None:
+        with self.lock:
+            if r.state == KVPoll.Failed:
+                return  # an abort won the race; the next round drains and acks it
+            r.state = KVPoll.Success
+            r.stats.t_done = time.monotonic()
+            parked = self._retire(r)
+            sends = [(t.identity, self._status(
+                r.room, r.generation, KVPoll.Success, bytes_written=r.bytes_to.get(d, 0),
+                checksum=r.digests.get(d, 0) if r.checksum else None,
+                page_start=r.last_range[0], page_count=r.last_range[1]))
+                for d, t in r.targets.items()]
+            self.counters["succeeded"] += 1
+        for ident, st in sends:
+            self._reply(ident, st)
+        self._replay(parked)
+
+    def _finish_failed(self, r: _Room) -> bool:
+        drained = True
         if r.inflight:
-            return  # drain first: no write of this room may land after the ack
+            if time.monotonic() - r.failed_at < knobs.get("drain_timeout_s"):
+                return False  # drain first: no write of this room may land after the ack
+            drained = False  # writes stuck (e.g. a frozen peer): say so, decode quarantines
+            self.counters["drain_timeouts"] += 1
         with self.lock:
             if self.rooms.get(r.room) is not r:
-                return
-            self._retire(r)
+                return False
+            parked = self._retire(r)
             reason = r.reason or "failed"
-        for d, p in peers:
-            if p is None:
-                continue
-            ident = self.identity.get(p.name)
-            if ident is None:
-                continue
-            if d in r.aborted_by:
-                ident2, gen = r.aborted_by[d]
-                self.hub.send(ident2, self.wire.encode(W.AbortAck(
-                    room=r.room, generation=gen, prefill_rank=self.rank, drained=True)))
-            else:
-                self.hub.send(ident, self.wire.encode(self._status(
-                    r.room, r.generation, KVPoll.Failed, reason)))
+            gen = r.generation
+            sends = []
+            for d, p in self._peers_of(r.room):
+                if d in r.aborted_by:
+                    ident, agen = r.aborted_by[d]
+                    sends.append((ident, W.AbortAck(room=r.room, generation=agen,
+                                                    prefill_rank=self.rank, drained=drained)))
+                    continue
+                t = r.targets.get(d)
+                ident = t.identity if t is not None else (p.identity if p is not None else None)
+                if ident is None or gen is None:
+                    continue
+                if not drained:
+                    sends.append((ident, W.AbortAck(room=r.room, generation=gen,
+                                                    prefill_rank=self.rank, drained=False)))
+                sends.append((ident, self._status(r.room, gen, KVPoll.Failed, reason)))
+            self.counters["failed"] += 1
+        for ident, msg in sends:
+            self._reply(ident, msg)
+        self._replay(parked)
+        return True
+
+    def _retire(self, r: _Room) -> list:
+        """End a use of a room (caller holds the lock): remember its outcome, make its
+        successor live; returns the successor's parked requests to handle again."""
+        if self.rooms.get(r.room) is r:
+            del self.rooms[r.room]
+        if r.created_by is not None:
+            r.created_by.rooms_created -= 1
+            r.created_by = None
+        r.retired = True
+        r.inflight = [] if r.state == KVPoll.Failed else r.inflight
+        self._remember(r.room, _Final(r.state, r.reason, r.generation, r.has_sender))
+        nxt, r.successor = r.successor, None
+        if nxt is None:
+            return []
+        self.rooms[r.room] = nxt
+        self.finished.pop(r.room, None)
+        nxt.created = time.monotonic()
+        parked, nxt.parked = nxt.parked, []
+        return parked
+
+    def _remember(self, room: int, fin: _Final) -> None:
+        self.finished[room] = fin
+        self.finished.move_to_end(room)
+        while len(self.finished) > knobs.get("max_finished_rooms"):
+            self.finished.popitem(last=False)
+
+    def _replay(self, parked: list) -> None:
+        for identity, msg in parked:
+            self._on_request(identity, msg)
 
 
 def _check_target(layout: FamilyLayout, remote: dict, t: DecodeTarget) -> str:
@@ -471,62 +823,61 @@ def _check_target(layout: FamilyLayout, remote: dict, t: DecodeTarget) -> str:
 
 
 class PrefillSender:
-    def __init__(self, ep: PrefillEndpoint, room: int):
+    """Prefill's handle on one use of a room (Note [Room uses])."""
+
+    def __init__(self, ep: PrefillEndpoint, r: _Room):
         self.ep = ep
-        self.room = room
+        self.room = r.room
+        self._r = r
         self._chunk_id = 0
 
     def send(self, page_ids, page_start: int, last_chunk: bool, seq_len: int, *, slot: int = -1,
              ring_slot: int = -1, aux_row: int = -1, window_page_ids=None,
              stream: bool = False) -> None:
         """Queue one chunk: its pages (absolute positions page_start..), and with the last
-        chunk the slot / ring / aux ids. `stream=True` holds each layer until layer_done()."""
+        chunk the slot / ring / aux ids. `stream=True` holds each layer until layer_done().
+        A chunk for a use that already failed (e.g. decode aborted) is dropped: poll() says
+        Failed and why."""
         chunk = PrefillChunk(page_start, np.asarray(page_ids, np.int64), last_chunk, seq_len,
                              slot, ring_slot, aux_row,
                              None if window_page_ids is None else np.asarray(window_page_ids,
                                                                              np.int64))
         with self.ep.lock:
-            r = self.ep.rooms.get(self.room)
-            if r is None:
-                r = self.ep.rooms[self.room] = _Room(self.room)
-                self.ep.finished.pop(self.room, None)
+            r = self._r
             if r.last_seen:
                 raise ValueError(f"room {self.room}: send() after the last chunk")
-            r.chunks.append(_Chunk(chunk, self._chunk_id, stream))
             r.last_seen = last_chunk
+            if r.state == KVPoll.Failed or r.retired:
+                self.ep.counters["chunks_dropped"] += 1
+                return
+            r.chunks.append(_Chunk(chunk, self._chunk_id, stream))
             self._chunk_id += 1
 
     def poll(self) -> KVPoll:
+        """Terminal only once no write of this use is in flight: the caller may reuse its
+        source pages as soon as it sees Success or Failed."""
         with self.ep.lock:
-            r = self.ep.rooms.get(self.room)
-            if r is not None:
-                return r.state
-            return self.ep.finished.get(self.room, (KVPoll.Bootstrapping, "", None))[0]
+            r = self._r
+            if r.state == KVPoll.Failed and not r.retired:
+                return KVPoll.Transferring if r.inflight or r.stats.batches else \
+                    KVPoll.WaitingForInput
+            return r.state
 
     @property
     def stats(self) -> RequestStats:
         """Bytes, descriptors, batches and first-submit / done times of this request."""
         with self.ep.lock:
-            r = self.ep.rooms.get(self.room)
-            if r is not None:
-                return r.stats
-            done = self.ep.finished.get(self.room)
-            return done[2] if done else RequestStats()
+            return self._r.stats
 
     @property
     def reason(self) -> str:
         with self.ep.lock:
-            r = self.ep.rooms.get(self.room)
-            if r is not None:
-                return r.reason
-            done = self.ep.finished.get(self.room)
-            return done[1] if done else ""
+            return self._r.reason if self._r.state == KVPoll.Failed else ""
 
     def abort(self) -> None:
         with self.ep.lock:
-            r = self.ep.rooms.get(self.room)
-            if r is not None and r.state != KVPoll.Success:
-                r.state, r.reason = KVPoll.Failed, "aborted by prefill"
+            if self._r.fail("aborted by prefill"):
+                self.ep.counters["prefill_aborts"] += 1
 
 
 # ~~~ decode ~~~
@@ -538,12 +889,17 @@ class _Recv:
     generation: int
     expected: set  # prefill peer names
     target: DecodeTarget | None = None
-    succeeded: set = field(default_factory=set)
-    acked: set = field(default_factory=set)
+    requested: bool = False  # init() sent the TransferRequests
+    succeeded: dict = field(default_factory=dict)  # name -> Success Status
+    quiet: set = field(default_factory=set)  # sources that will not write any more
+    loud: set = field(default_factory=set)  # sources that said their writes may still land
     state: KVPoll = KVPoll.Bootstrapping
     reason: str = ""
     deadline: float = 0.0
-    aborting: bool = False
+    abort_deadline: float = 0.0
+    quarantined: bool = False
+    released: bool = False
+    suspect: bool = False  # in flight while this process was frozen (Note [Frozen decode])
     bytes: int = 0
 
 
@@ -557,15 +913,28 @@ class DecodeEndpoint:
         self.dp_group = dp_group
         self.engine = engine
         self.pools = pools
+        self.page_size = plan.topology.decode.page_size
+        self.bootstrap = bootstrap
         engine.register(pools.base, pools.nbytes)
         self.lock = threading.Lock()
-        self.recvs: dict[int, _Recv] = {}
+        self.recvs: dict[tuple[int, int], _Recv] = {}
         self.reg_state: dict[str, tuple[KVPoll, str]] = {}
         self.last_heard: dict[str, float] = {}
-        self.sources = [lk.prefill for lk in plan.links_to(rank)]
-        self.hub = Hub(self._on_message, bind=False, on_tick=self._tick)
+        self.addresses: dict[str, str] = {}
+        self.source_rank: dict[str, RankId] = {}
+        self.links = {lk.prefill: lk for lk in plan.links_to(rank)}
+        self.sources = list(self.links)
+        self.counters: Counter = Counter()
         self._last_hb = 0.0
         self._hb_seq = 0
+        self._last_refresh = 0.0
+        self._refreshing = False
+        self._last_tick = 0.0
+        self.max_stall_s = 0.0  # longest gap between two timer runs of the control thread
+        self.last_rejection = ""
+        self._reg_payload = b""
+        # Last: the hub thread starts handling messages and timers at once.
+        self.hub = Hub(self._on_message, bind=False, on_tick=self._tick)
         table = fetch_table(bootstrap, knobs.get("bootstrap_timeout_s"))
         buffers = {
             name: [W.RegEntry(layer_id=b.layer_id, tensor=b.tensor,
@@ -578,14 +947,17 @@ class DecodeEndpoint:
             page_size=plan.topology.decode.page_size, plan_digest=bytes.fromhex(plan.digest()),
             agent_info=engine.agent_info(), control_endpoint="",
             sections=self.wire.registration_sections(buffers))
-        payload = self.wire.encode(reg)
+        self._reg_payload = self.wire.encode(reg)
         for g in range(plan.topology.prefill.dp):
             for src in self.sources:
                 name = _peer_name("prefill", g, src)
-                self.reg_state[name] = (KVPoll.Bootstrapping, "")
-                self.last_heard[name] = time.monotonic()
-                self.hub.connect(name, table[(g, src.pp, src.tp)])
-                self.hub.send(name, payload)
+                with self.lock:  # the hub thread reads these tables already
+                    self.source_rank[name] = src
+                    self.reg_state[name] = (KVPoll.Bootstrapping, "")
+                    self.last_heard[name] = time.monotonic()
+                    self.addresses[name] = table[(g, src.pp, src.tp)]
+                self.hub.connect(name, self.addresses[name])
+                self.hub.send(name, self._reg_payload)
 
     def wait_ready(self, timeout_s: float | None = None) -> None:
         """Block until every linked prefill rank accepted the registration (fail fast)."""
@@ -607,12 +979,87 @@ class DecodeEndpoint:
     def receiver(self, room: int, generation: int = 0) -> DecodeReceiver:
         return DecodeReceiver(self, room, generation)
 
+    def stats(self) -> dict:
+        with self.lock:
+            out = dict(self.counters)
+            out.update(requests=len(self.recvs), dropped_sends=self.hub.dropped,
+                       handler_errors=self.hub.handler_errors,
+                       max_stall_ms=round(self.max_stall_s * 1e3))
+            return out
+
     def close(self) -> None:
         self.hub.close()
 
     def _sources_for(self, room: int) -> set[str]:
         g = dp_group_of_room(room, self.plan.topology.prefill.dp)
         return {_peer_name("prefill", g, s) for s in self.sources}
+
+    # ~~~ request state (caller holds the lock) ~~~
+
+    def _fail(self, rv: _Recv, reason: str) -> None:
+        """Fail a request and tell every source that may still write to stop."""
+        if rv.state in _TERMINAL:
+            return
+        rv.state, rv.reason = KVPoll.Failed, reason
+        self.counters["failed"] += 1
+        if rv.suspect:
+            self._quarantine(rv)
+        rv.abort_deadline = time.monotonic() + knobs.get("abort_ack_timeout_s")
+        if not rv.requested:
+            return
+        loud = sorted(rv.expected - rv.quiet)
+        if loud:
+            msg = self.wire.encode(W.Abort(room=rv.room, generation=rv.generation,
+                                           decode_rank=self.rank))
+            for name in loud:
+                self.hub.send(name, msg)
+            self.counters["aborts_sent"] += len(loud)
+
+    def _page_state(self, rv: _Recv) -> PageState:
+        if rv.state not in _TERMINAL:
+            return PageState.IN_USE
+        if rv.quarantined:
+            return PageState.QUARANTINED
+        if rv.state == KVPoll.Success or not rv.requested or rv.quiet >= rv.expected:
+            return PageState.REUSABLE
+        return PageState.PENDING
+
+    def _quarantine(self, rv: _Recv) -> None:
+        if not rv.quarantined:
+            rv.quarantined = True
+            self.counters["quarantined"] += 1
+
+    def _complete(self, rv: _Recv) -> None:
+        """Every source reported Success: verify, then Success. (The staged path scatters
+        its staging region into the pools here, before the checksum.)"""
+        if knobs.get("checksum"):
+            why = self._verify_checksums(rv)
+            if why:
+                self.counters["checksum_mismatches"] += 1
+                self._fail(rv, why)
+                return
+        rv.state = KVPoll.Success
+        self.counters["succeeded"] += 1
+
+    def _verify_checksums(self, rv: _Recv) -> str:
+        for name in sorted(rv.expected):
+            st = rv.succeeded[name]
+            if st.checksum is None:
+                return (f"{name} sent no checksum, and this decode rank requires one "
+                        "(set the checksum knob on both sides)")
+            try:
+                pairs = integrity.destination_pairs(self.layout, rv.target, self.page_size,
+                                                    st.page_start, st.page_count)
+            except IndexError_ as e:
+                return f"checksum: {name}: {e}"
+            got = integrity.link_digest(rv.room, rv.generation, self.links[st.prefill_rank],
+                                        self.pools.view, pairs, "dst")
+            if got != st.checksum:
+                return (f"checksum mismatch on the link from {name}: prefill wrote "
+                        f"{st.checksum:#018x}, decode holds {got:#018x}")
+        return ""
+
+    # ~~~ control messages (hub thread) ~~~
 
     def _on_message(self, name: str, payload: bytes) -> None:
         try:
@@ -621,33 +1068,55 @@ class DecodeEndpoint:
             # An unreadable reply to our registration (e.g. the peer compiled another spec:
             # fingerprint mismatch) fails the registration now instead of at the deadline.
             with self.lock:
+                self.counters["malformed"] += 1
                 if self.reg_state.get(name, (None,))[0] == KVPoll.Bootstrapping:
                     self.reg_state[name] = (KVPoll.Failed, f"cannot read its reply: {e}")
             return
         with self.lock:
             self.last_heard[name] = time.monotonic()
             if isinstance(msg, W.Status):
-                if msg.room == REG_ROOM:
-                    if self.reg_state.get(name, (None,))[0] != KVPoll.Failed:
-                        self.reg_state[name] = (KVPoll(msg.state), msg.reason)
-                    return
-                rv = self.recvs.get(msg.room)
-                if rv is None or msg.generation != rv.generation or name not in rv.expected:
-                    return  # unknown room or an older generation: ignored
-                if msg.state == KVPoll.Success:
-                    rv.succeeded.add(name)
-                    rv.bytes += msg.bytes_written
-                    if rv.succeeded == rv.expected and rv.state < KVPoll.Success:
-                        rv.state = KVPoll.Success
-                elif msg.state == KVPoll.Failed and rv.state != KVPoll.Success:
-                    rv.state = KVPoll.Failed
-                    rv.reason = rv.reason or f"{name}: {msg.reason}"
-                elif msg.state < KVPoll.Success and rv.state < msg.state:
-                    rv.state = KVPoll(msg.state)
+                self._on_status(name, msg)
             elif isinstance(msg, W.AbortAck):
-                rv = self.recvs.get(msg.room)
-                if rv is not None and msg.generation == rv.generation:
-                    rv.acked.add(name)
+                rv = self.recvs.get((msg.room, msg.generation))
+                if rv is None or not rv.requested or name not in rv.expected:
+                    self.counters["stale_messages"] += 1
+                    return
+                if msg.drained:
+                    rv.quiet.add(name)
+                else:
+                    rv.loud.add(name)
+                    if rv.state in _TERMINAL:
+                        self._quarantine(rv)
+
+    def _on_status(self, name: str, msg) -> None:
+        if msg.room == REG_ROOM:
+            state = self.reg_state.get(name, (None,))[0]
+            if state in (KVPoll.Bootstrapping, None) or msg.state == KVPoll.WaitingForInput:
+                self.reg_state[name] = (KVPoll(msg.state), msg.reason)
+            elif msg.state == KVPoll.Failed:
+                self.counters["rejected_by_prefill"] += 1
+                self.last_rejection = f"{name}: {msg.reason}"
+            return
+        rv = self.recvs.get((msg.room, msg.generation))
+        if rv is None or not rv.requested or name not in rv.expected or \
+                msg.prefill_rank != self.source_rank[name]:
+            # Unknown room, other generation, or an answer before we asked (a prefill rank
+            # that failed the room first answers our request with that outcome): ignored.
+            self.counters["stale_messages"] += 1
+            return
+        if msg.state == KVPoll.Success:
+            rv.succeeded[name] = msg
+            rv.quiet.add(name)
+            rv.bytes += msg.bytes_written
+            if rv.state not in _TERMINAL and rv.succeeded.keys() >= rv.expected:
+                self._complete(rv)
+        elif msg.state == KVPoll.Failed:
+            rv.quiet.add(name)  # sent only once its writes drained (Note [Failure semantics])
+            self._fail(rv, f"{name}: {msg.reason}")
+            if rv.loud:
+                self._quarantine(rv)
+        elif rv.state < msg.state and rv.state not in _TERMINAL:
+            rv.state = KVPoll(msg.state)
 
     def _tick(self) -> None:
         now = time.monotonic()
@@ -657,31 +1126,90 @@ class DecodeEndpoint:
             hb = self.wire.encode(W.Heartbeat(side=W.PeerSide.DECODE, rank=self.rank,
                                               sequence=self._hb_seq,
                                               monotonic_ns=time.monotonic_ns()))
-            for name in self.reg_state:
+            for name in list(self.reg_state):
                 self.hub.send(name, hb)
         dead_after = knobs.get("peer_dead_after_s")
         with self.lock:
+            if self._last_tick:
+                self.max_stall_s = max(self.max_stall_s, now - self._last_tick)
+            if self._last_tick and now - self._last_tick > dead_after:
+                # Note [Frozen decode]: this process was stopped (or starved) for longer than
+                # a peer may be silent. The transport may still hold writes that peers gave
+                # up on meanwhile and that land as soon as it runs again, so pages of requests
+                # in flight across the gap are quarantined unless they succeed.
+                self.counters["self_freezes"] += 1
+                for rv in self.recvs.values():
+                    if rv.requested and rv.state != KVPoll.Success:
+                        rv.suspect = True
+                        if rv.state == KVPoll.Failed:
+                            self._quarantine(rv)
+                for n in self.last_heard:  # what it could not hear says nothing of the peers
+                    self.last_heard[n] = now
+            self._last_tick = now
+            dead = {n for n, t in self.last_heard.items() if now - t > dead_after}
             for rv in self.recvs.values():
-                if rv.state >= KVPoll.Success:
+                if rv.state == KVPoll.Failed:
+                    if rv.requested and not rv.quarantined and now > rv.abort_deadline and \
+                            not rv.quiet >= rv.expected:
+                        self._quarantine(rv)
                     continue
-                if rv.target is not None and now > rv.deadline:
-                    rv.state, rv.reason = KVPoll.Failed, \
-                        f"timed out after {knobs.get('transfer_timeout_s')} s"
+                if rv.state == KVPoll.Success or not rv.requested:
                     continue
-                silent = [n for n in rv.expected if now - self.last_heard.get(n, now) > dead_after
-                          and n not in rv.succeeded]
-                if silent and rv.target is not None:
-                    rv.state, rv.reason = KVPoll.Failed, \
-                        f"prefill peer {silent[0]} silent for {dead_after} s"
+                missing = sorted(rv.expected - rv.succeeded.keys())
+                if now > rv.deadline:
+                    self._fail(rv, f"timed out after {knobs.get('transfer_timeout_s')} s "
+                                   f"waiting for {', '.join(missing)}")
+                    continue
+                silent = [n for n in missing if n in dead]
+                if silent:
+                    self._fail(rv, f"prefill peer {silent[0]} silent for {dead_after} s")
+        if dead and now - self._last_refresh >= knobs.get("reconnect_interval_s") and \
+                not self._refreshing:
+            self._last_refresh = now
+            self._refreshing = True
+            threading.Thread(target=self._refresh, args=(sorted(dead),), daemon=True,
+                             name="pdc-decode-reconnect").start()
+
+    def _refresh(self, names: list[str]) -> None:
+        """Re-read the bootstrap table and register again with the silent ranks: at their new
+        address when they moved (restarted), else where they are (a restarted rank may get
+        its old port back; a rank that is merely slow answers the repeat as a no-op)."""
+        try:
+            reply = bootstrap_call(self.bootstrap, {"op": "get"},
+                                   max(0.2, knobs.get("reconnect_interval_s")))
+            table = reply.get("table", {})
+            for name in names:
+                g, src = int(name.split(".")[1][2:]), self.source_rank[name]
+                addr = table.get(f"{g}/{src.pp}/{src.tp}")
+                if addr is None:
+                    continue
+                if addr != self.addresses[name]:
+                    with self.lock:
+                        self.addresses[name] = addr
+                        self.reg_state[name] = (KVPoll.Bootstrapping, "")
+                        self.last_heard[name] = time.monotonic()  # a new peer: fresh window
+                        self.counters["reconnects"] += 1
+                    self.hub.connect(name, addr)
+                self.hub.send(name, self._reg_payload)
+        except ControlError:
+            pass  # the leader itself may be gone; try again later
+        finally:
+            self._refreshing = False
 
 
 class DecodeReceiver:
+    """Decode's handle on one (room, generation)."""
+
     def __init__(self, ep: DecodeEndpoint, room: int, generation: int):
         self.ep = ep
         self.room = room
         self.generation = generation
         with ep.lock:
-            ep.recvs[room] = _Recv(room, generation, ep._sources_for(room))
+            key = (room, generation)
+            if key in ep.recvs:
+                raise ValueError(f"room {room} generation {generation} is in use; a new use of "
+                                 "the room needs a new generation")
+            self._rv = ep.recvs[key] = _Recv(room, generation, ep._sources_for(room))
 
     def init(self, page_ids, prefix_len: int = 0, *, slot: int = -1, ring_slot: int = -1,
              aux_row: int = -1, window_page_ids=None) -> None:
@@ -695,8 +1223,11 @@ class DecodeReceiver:
             ring_slot=ring_slot, aux_row=aux_row, window_page_ids=target.window_page_ids)
         payload = self.ep.wire.encode(msg)
         with self.ep.lock:
-            rv = self.ep.recvs[self.room]
+            rv = self._rv
+            if rv.requested or rv.state in _TERMINAL:
+                raise ValueError(f"room {self.room}: init() after the request started or ended")
             rv.target = target
+            rv.requested = True
             rv.deadline = time.monotonic() + knobs.get("transfer_timeout_s")
             rv.state = KVPoll.WaitingForInput
             names = sorted(rv.expected)
@@ -705,41 +1236,55 @@ class DecodeReceiver:
 
     def poll(self) -> KVPoll:
         with self.ep.lock:
-            return self.ep.recvs[self.room].state
+            return self._rv.state
 
     @property
     def reason(self) -> str:
         with self.ep.lock:
-            return self.ep.recvs[self.room].reason
+            return self._rv.reason
 
     @property
     def bytes(self) -> int:
         with self.ep.lock:
-            return self.ep.recvs[self.room].bytes
+            return self._rv.bytes
 
-    def abort(self, timeout_s: float | None = None) -> bool:
-        """Abort and wait for every source's drain ack; returns False when the ack timed
-        out, in which case the caller must quarantine the request's pages, not reuse them."""
-        timeout_s = knobs.get("abort_ack_timeout_s") if timeout_s is None else timeout_s
+    @property
+    def page_state(self) -> PageState:
         with self.ep.lock:
-            rv = self.ep.recvs[self.room]
+            return self.ep._page_state(self._rv)
+
+    @property
+    def quarantined(self) -> bool:
+        return self.page_state == PageState.QUARANTINED
+
+    def abort(self, timeout_s: float | None = None, wait: bool = True) -> bool:
+        """Abort (Failed, "aborted by decode") and ask every source to stop. With `wait`,
+        block until the pages are resolved. Returns True when the pages may be reused now,
+        False while they are pending (wait=False) or once they are quarantined; a request
+        that already succeeded returns True."""
+        with self.ep.lock:
+            rv = self._rv
             if rv.state == KVPoll.Success:
                 return True
-            rv.aborting = True
-            rv.state, rv.reason = KVPoll.Failed, rv.reason or "aborted by decode"
-            names = sorted(rv.expected)
-        msg = self.ep.wire.encode(W.Abort(room=self.room, generation=self.generation,
-                                          decode_rank=self.ep.rank))
-        for n in names:
-            self.ep.hub.send(n, msg)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            with self.ep.lock:
-                if rv.acked >= rv.expected:
-                    return True
+            if rv.state != KVPoll.Failed:
+                self.ep.counters["aborts"] += 1
+            self.ep._fail(rv, "aborted by decode")
+            if timeout_s is not None:
+                rv.abort_deadline = time.monotonic() + timeout_s
+        while wait:
+            state = self.page_state
+            if state != PageState.PENDING:
+                return state == PageState.REUSABLE
             time.sleep(0.002)
-        return False
+        return self.page_state == PageState.REUSABLE
 
     def release(self) -> None:
+        """Forget this request. Pages not yet resolved (in use or pending) are quarantined:
+        the caller gave up waiting, so it must not reuse them."""
         with self.ep.lock:
-            self.ep.recvs.pop(self.room, None)
+            rv = self._rv
+            if self.ep._page_state(rv) in (PageState.IN_USE, PageState.PENDING):
+                self.ep._fail(rv, "released before it finished")
+                self.ep._quarantine(rv)
+            rv.released = True
+            self.ep.recvs.pop((self.room, self.generation), None)

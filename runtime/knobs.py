@@ -2,7 +2,10 @@
 
 Read a knob with `knobs.get("name")`; set one for a process with the environment variable
 `PDC_<NAME>` (upper case) or in code with `knobs.override(name=value)`. Code never reads
-os.environ for these directly, so this file is the complete list (docs/knobs.md mirrors it).
+os.environ for these directly, so this file is the complete list. docs/knobs.md is generated
+from `table()` (`python -m pdc.runtime.knobs > docs/knobs.md`; a test keeps them in sync).
+
+Knobs are read when they are needed, not cached, so an override takes effect at once.
 """
 
 from __future__ import annotations
@@ -20,25 +23,57 @@ class Knob:
 
 
 KNOBS = {k.name: k for k in (
+    # ~~~ time ~~~
     Knob("bootstrap_timeout_s", 30.0, "s", "how long a decode rank waits for the prefill "
          "bootstrap table and for every linked prefill rank to accept its registration"),
     Knob("transfer_timeout_s", 60.0, "s", "deadline of one request on decode, from init() to "
-         "Success; past it the request is Failed (prefill side: per engine batch wait)"),
-    Knob("abort_ack_timeout_s", 10.0, "s", "how long decode keeps an aborted request's pages "
-         "waiting for the prefill ack before quarantining them"),
+         "Success; past it the request fails (reason names the prefill ranks that did not "
+         "report) and decode sends an abort"),
+    Knob("prefill_room_timeout_s", 120.0, "s", "deadline of one request on prefill, from the "
+         "first sender() or TransferRequest to a terminal state; bounds rooms whose decode "
+         "never sends its request or whose prefill never sends its chunks"),
+    Knob("abort_ack_timeout_s", 10.0, "s", "how long decode keeps a failed request's pages "
+         "waiting for every prefill rank's drain ack; past it the pages are quarantined "
+         "(never reused)"),
+    Knob("drain_timeout_s", 30.0, "s", "how long prefill waits for a failed room's in-flight "
+         "writes; past it prefill acks with drained=false (decode quarantines at once) and "
+         "forgets the room"),
     Knob("heartbeat_interval_s", 1.0, "s", "period of heartbeats between linked ranks"),
     Knob("peer_dead_after_s", 5.0, "s", "a linked peer silent for this long is declared dead "
-         "and its in-flight requests fail"),
+         "and the requests waiting on it fail with a reason; a peer that speaks again is "
+         "alive again for new requests"),
+    Knob("reconnect_interval_s", 1.0, "s", "decode re-reads the bootstrap table this often "
+         "while a prefill peer is dead, and re-registers when that rank has a new address "
+         "(a restarted prefill rank)"),
+    Knob("poll_sleep_s", 0.0002, "s", "idle sleep of the transfer worker between polls"),
+    # ~~~ limits (everything keyed by peer input is capped) ~~~
     Knob("max_descriptors_per_submit", 1024, "entries", "engine batches are split at this "
          "size (Mooncake's per-peer TCP queue holds 1024)"),
-    Knob("max_message_bytes", 64 << 20, "bytes", "control messages above this are rejected "
-         "before decoding"),
-    Knob("max_pending_rooms", 65536, "rooms", "rooms a prefill rank tracks at once; more "
-         "are rejected with a reason (bounds memory under floods)"),
-    Knob("max_registrations", 1024, "peers", "decode registrations a prefill rank keeps"),
+    Knob("max_message_bytes", 64 << 20, "bytes", "control messages above this are refused "
+         "by ZeroMQ before decoding (the sending connection is dropped)"),
+    Knob("max_pending_rooms", 65536, "rooms", "live rooms a prefill rank tracks at once; a "
+         "TransferRequest that would create one more is refused with a reason"),
+    Knob("max_pending_rooms_per_peer", 16384, "rooms", "live rooms the requests of one decode "
+         "rank may create before prefill's sender() claims them; more are refused with a "
+         "reason (one flooding peer cannot crowd out the others)"),
+    Knob("max_finished_rooms", 65536, "rooms", "outcomes of finished rooms a prefill rank "
+         "remembers (answers to late or repeated messages, aborts before the first chunk); "
+         "oldest forgotten first"),
+    Knob("max_registrations", 1024, "peers", "transfer-engine peers a prefill rank connects "
+         "over its lifetime (registrations and re-registrations of restarted decode ranks); "
+         "more are refused with a reason"),
+    Knob("max_messages_per_tick", 256, "messages", "control messages the hub handles before "
+         "it serves its outbox and timers again (a flood cannot starve them)"),
+    Knob("control_queue_depth", 10000, "messages", "ZeroMQ high-water mark of each control "
+         "connection; messages beyond it are dropped and counted, and the requests they "
+         "belonged to fail by their deadlines"),
     Knob("staged_min_descriptors", 4096, "descriptors", "a chunk whose direct path needs more "
          "descriptors than this per peer goes through the staged (gather/scatter) path"),
-    Knob("poll_sleep_s", 0.0002, "s", "idle sleep of the transfer worker between polls"),
+    # ~~~ integrity ~~~
+    Knob("checksum", 0, "0/1", "1: prefill sends a 64-bit digest of the bytes it wrote on "
+         "each link with Success, decode recomputes it over its destination items and fails "
+         "the request on a mismatch (both sides must agree; costs one read of the bytes on "
+         "each side)"),
 )}
 
 _overrides: dict[str, float | int] = {}
@@ -65,7 +100,27 @@ def override(**values) -> None:
         _overrides[name] = value
 
 
+def reset(*names: str) -> None:
+    """Drop overrides (all of them when no name is given)."""
+    for name in names or list(_overrides):
+        _overrides.pop(name, None)
+
+
 def table() -> str:
     rows = [f"| `{k.name}` | `PDC_{k.name.upper()}` | {k.default} {k.unit} | {k.doc} |"
             for k in KNOBS.values()]
     return "| knob | env | default | meaning |\n|---|---|---|---|\n" + "\n".join(rows)
+
+
+def markdown() -> str:
+    """docs/knobs.md."""
+    return ("# Runtime knobs\n\n"
+            "<!-- generated from runtime/knobs.py: python -m pdc.runtime.knobs > docs/knobs.md"
+            " -->\n\n"
+            "Every timeout and limit of the runtime. Set one for a process with the "
+            "environment variable, or in code with `pdc.runtime.knobs.override(name=value)`.\n\n"
+            + table() + "\n")
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")

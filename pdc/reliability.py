@@ -1,0 +1,1119 @@
+"""Reliability harness: many requests through real engines while things go wrong.
+
+One process per rank (like `pdc demo`); the parent plays router and scheduler. It allocates
+page ids per (side, DP group) from LIFO free lists, so pages a request gave back go to the
+very next request (the most hostile order for a stale write), and streams requests to the
+ranks with at most `concurrency` in flight per decode group. Along the way it
+
+- aborts requests at random points of their transfer (decode calls abort() on its own
+  clock) and re-runs some aborted rooms as generation + 1 at once, while the old generation
+  may still drain on prefill;
+- injects faults: `kill -9` or SIGSTOP of a rank mid-transfer (optionally restarting or
+  resuming it later), bad page ids from decode;
+- optionally fuzzes the prefill ranks' control sockets (garbage, mutated and truncated valid
+  messages, wrong fingerprints, unknown rooms, impersonation, registration floods,
+  oversized messages) while the well-formed traffic goes on.
+
+Every byte is checked (Note [What is checked]). Reasons are kept for every failure, and a
+request is *lost* when it never reaches a terminal state on a surviving rank.
+
+Note [What is checked]:
+- labels: prefill fills each request's items with per-byte labels of (seed, generation,
+  room, component, tensor, layer, position); decode poisons the items it expects and, on
+  Success, compares every byte (a generation's stale bytes never match the next one);
+- canaries: decode fills the items of a request whose pages it gives back with a canary and
+  checks the canary when the pages are handed out again; any write that landed in between
+  (a late write of an aborted request) counts as corruption;
+- quarantine: pages a decode rank reports quarantined are never handed out again;
+- the link checksum (knob `checksum`) on every Success.
+
+The spec need not be compiled into generated/: the parent renders the family's layout and
+wire modules in memory and the ranks exec them.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import types
+from collections import Counter
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+
+from pdc.demo import _labels_for
+from pdc.ranks import ROLE_DECODE, ROLE_PREFILL, Req
+from pdc.runtime.indices import window_first_page
+
+POISON, CANARY = 0xA5, 0x5A
+
+
+@dataclass
+class Fault:
+    at: int  # inject once this many requests have finished
+    action: str  # "kill" (SIGKILL) or "stop" (SIGSTOP)
+    side: str  # "prefill" or "decode"
+    dp: int = 0  # the rank: its DP group (tp = pp = 1 on that side)
+    restart_after_s: float | None = None  # kill: start a fresh process for it after this long
+    resume_after_s: float | None = None  # stop: SIGCONT after this long; it rejoins
+
+
+@dataclass
+class RelConfig:
+    spec: str
+    prefill: str = "tp=1"
+    decode: str = "tp=1"
+    engine: str = "mooncake"
+    requests: int = 1000  # (room, generation) pairs, retries included
+    concurrency: int = 8  # requests in flight per decode DP group
+    abort_rate: float = 0.3  # share of requests decode aborts at a random point
+    retry_rate: float = 0.5  # share of aborted requests re-run as generation + 1
+    bad_index_rate: float = 0.0  # share of requests whose decode sends a page id out of range
+    prefix_rate: float = 0.2  # share of requests with a decode prefix-cache hit
+    max_pages: int = 6  # pages per request, 1..max_pages
+    pages: int = 96  # pool capacity (pages, per rank)
+    slots: int = 32  # slots and aux rows per rank
+    chunk_gap_s: float = 0.002  # prefill sends chunk k at k * gap (a slow forward)
+    seed: int = 0
+    checksum: bool = True
+    knobs: dict = field(default_factory=dict)  # knob overrides in every rank
+    engine_timeout_s: int = 5  # Mooncake's MC_TRANSFER_TIMEOUT (its minimum)
+    faults: list = field(default_factory=list)
+    decode_groups: tuple | None = None  # decode DP groups to run (None: all); others idle
+    fuzz: bool = False
+    deadline_s: float = 600.0  # the whole run; requests unfinished by then are lost
+    # Break the protocol on purpose, to show the checks catch it: "early_ack" makes prefill
+    # ack an abort at once and go on writing; "reuse_quarantined" makes decode reuse pages
+    # it was told to quarantine.
+    sabotage: str = ""
+
+
+@dataclass
+class Report:
+    requests: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    aborts: int = 0  # requests decode aborted
+    retries: int = 0  # of which generation + 1 reruns
+    faults_injected: int = 0
+    lost: int = 0
+    corrupted: int = 0  # requests whose verified bytes differ, plus canary violations
+    corrupted_bytes: int = 0
+    quarantined: int = 0  # requests whose decode pages were quarantined
+    quarantined_pages: int = 0
+    unexpected: list = field(default_factory=list)  # failures nothing explains
+    reasons: Counter = field(default_factory=Counter)  # failure reason (normalised) -> count
+    fault_requests: int = 0  # requests a fault hit while in flight
+    fault_resolution_s: float = 0.0  # longest fault-to-terminal time of those
+    inconsistent: list = field(default_factory=list)  # decode Success but a prefill Failed
+    fuzz: Counter = field(default_factory=Counter)
+    rank_stats: dict = field(default_factory=dict)
+    totals: Counter = field(default_factory=Counter)  # endpoint counters summed over ranks
+    wall_s: float = 0.0
+    log_dir: str = ""
+
+    @property
+    def max_stall_ms(self) -> int:
+        return max((st.get("max_stall_ms", 0) for st in self.rank_stats.values()), default=0)
+
+    def summary(self) -> str:
+        rows = [("requests", self.requests), ("succeeded", self.succeeded),
+                ("failed", self.failed), ("aborts", self.aborts), ("retries", self.retries),
+                ("faults injected", self.faults_injected), ("lost", self.lost),
+                ("corrupted", self.corrupted), ("corrupted bytes", self.corrupted_bytes),
+                ("quarantined", f"{self.quarantined} requests, {self.quarantined_pages} pages"),
+                ("unexpected", len(self.unexpected)), ("wall", f"{self.wall_s:.1f} s")]
+        t = self.totals
+        rows.append(("aborts in flight", f"{t['aborts_mid_transfer']} after writes began, "
+                                         f"{t['aborts_with_writes_in_flight']} with writes in "
+                                         "flight (prefill counters)"))
+        rows.append(("max stall", f"{self.max_stall_ms} ms (longest gap between two timer "
+                                  "runs of a rank's control thread)"))
+        if self.fault_requests:
+            rows.append(("fault-hit", f"{self.fault_requests} requests, all terminal within "
+                                      f"{self.fault_resolution_s:.1f} s"))
+        lines = [f"  {k:<16} {v}" for k, v in rows]
+        lines += [f"  reason x{n}: {r}" for r, n in self.reasons.most_common(12)]
+        lines += [f"  UNEXPECTED {u}" for u in self.unexpected[:10]]
+        lines += [f"  INCONSISTENT {u}" for u in self.inconsistent[:10]]
+        if self.fuzz:
+            lines.append("  fuzz: " + ", ".join(f"{k} {v}" for k, v in sorted(self.fuzz.items())))
+        return "\n".join(lines)
+
+
+@dataclass
+class RelReq(Req):
+    generation: int = 0
+    abort_after_s: float | None = None  # abort this long after init() ...
+    abort_on_first_byte: bool = False  # ... or as soon as a byte of the request arrived
+    chunk_gap_s: float = 0.0
+
+
+def normalise(reason: str) -> str:
+    """A failure reason without its numbers, for counting."""
+    import re
+
+    return re.sub(r"0x[0-9a-f]+|\d+(\.\d+)?", "N", reason)[:160]
+
+
+# ~~~ family modules without generated/ ~~~
+
+
+def family_sources(spec) -> dict[str, str]:
+    from pdc.compiler.emit import compile_specs
+
+    out = compile_specs([spec])
+    return {name: out.text(f"{spec.py_name}/{name}.py") for name in ("layout", "wire")}
+
+
+def load_family(sources: dict[str, str]):
+    mods = {}
+    for name in ("layout", "wire"):
+        m = types.ModuleType(f"pdc_family_{name}")
+        exec(compile(sources[name], f"<family {name}>", "exec"), m.__dict__)
+        mods[name] = m
+    return mods["layout"].LAYOUT, mods["wire"]
+
+
+# ~~~ rank processes ~~~
+
+
+def _rank_main(blob: dict, key: tuple, bootstrap: str | None, cmd_q, res_q, log: str) -> None:
+    os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 2)
+    import faulthandler
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # stacks into the log on demand
+    try:
+        _rank_loop(blob, key, bootstrap, cmd_q, res_q)
+    except Exception as e:  # noqa: BLE001 - report to the parent instead of dying silently
+        import traceback
+
+        res_q.put(("crash", key, f"{e!r}\n{traceback.format_exc()}"))
+
+
+def _items(layout, plan, side, rank, req, ids):
+    """(component, entry position, item id, position, labels) of one request on a rank."""
+    seed = req.seed_labels
+    return _labels_for(layout, plan, side, rank, seed, req, ids)
+
+
+def _rank_loop(blob, key, bootstrap, cmd_q, res_q):
+    from pdc.runtime import knobs
+    from pdc.runtime.control import BootstrapServer
+    from pdc.runtime.endpoints import (
+        DecodeEndpoint,
+        KVPoll,
+        PageState,
+        PrefillEndpoint,
+    )
+    from pdc.runtime.engines import make_engine
+    from pdc.runtime.plan_types import Plan, RankId
+    from pdc.runtime.pools import Capacity, RankPools
+
+    side, dp, pp, tp = key
+    cfg: RelConfig = blob["cfg"]
+    knobs.override(**{**cfg.knobs, "checksum": int(cfg.checksum)})
+    layout, wire = load_family(blob["sources"])
+    plan = Plan.from_json(blob["plan"])
+    rank = RankId(pp, tp)
+    topo = plan.topology
+    boot = None
+    if bootstrap is None:
+        boot = BootstrapServer(topo.prefill.dp * topo.prefill.pp * topo.prefill.tp)
+        bootstrap = boot.address
+        res_q.put(("bootstrap", boot.address))
+    cap = Capacity(pages=cfg.pages, slots=cfg.slots, aux_rows=cfg.slots, window_pages=cfg.pages)
+    pools = RankPools(layout, plan.registration(side, rank), cap)
+    kw = {"transfer_timeout_s": cfg.engine_timeout_s} if cfg.engine == "mooncake" else {}
+    engine = make_engine(cfg.engine, **kw)
+    if side == ROLE_PREFILL:
+        ep = PrefillEndpoint(layout, wire, plan, rank, dp, engine, pools, bootstrap)
+        if cfg.sabotage == "early_ack":
+            _sabotage_early_ack(ep)
+    else:
+        pools.arena[:] = CANARY
+        ep = DecodeEndpoint(layout, wire, plan, rank, dp, engine, pools, bootstrap)
+        ep.wait_ready()
+    if side == ROLE_PREFILL:
+        # Serving once every decode rank that runs has registered (again, after a restart).
+        want = len(blob["decode_groups"]) * len(plan.links_from(rank))
+        while len(ep.peers) < want:
+            time.sleep(0.01)
+    res_q.put(("ready", key, ep.hub.address if side == ROLE_PREFILL else ""))
+    active: dict = {}  # (room, gen) -> state
+    running = True
+    while running or active:
+        idle = True
+        while True:
+            try:
+                cmd = cmd_q.get_nowait()
+            except queue.Empty:
+                break
+            idle = False
+            if cmd[0] == "req":
+                req = cmd[1]
+                if side == ROLE_PREFILL:
+                    active[(req.room, req.generation)] = _prefill_start(
+                        layout, plan, rank, ep, pools, req)
+                else:
+                    st = _decode_start(layout, plan, rank, ep, pools, req, cfg, res_q, key)
+                    active[(req.room, req.generation)] = st
+            elif cmd[0] == "stats":
+                res_q.put(("stats", key, ep.stats()))
+            elif cmd[0] == "stop":
+                running = False
+        now = time.monotonic()
+        for k, st in list(active.items()):
+            if side == ROLE_PREFILL:
+                done = _prefill_step(st, now, KVPoll)
+            else:
+                done = _decode_step(layout, plan, rank, pools, st, now, KVPoll, PageState,
+                                    cfg.sabotage == "reuse_quarantined")
+            if done is not None:
+                idle = False
+                res_q.put(("done", key, k[0], k[1], *done))
+                del active[k]
+        if not running and active and side == ROLE_DECODE:
+            for st in active.values():
+                st["rv"].abort(wait=False)
+        if idle:
+            time.sleep(0.001)
+    res_q.put(("stats", key, ep.stats()))
+    ep.close()
+    if boot is not None:
+        time.sleep(0.2)
+        boot.close()
+    engine.close()
+    res_q.put(("bye", key))
+
+
+def _sabotage_early_ack(ep) -> None:
+    from pdc.runtime import wire as W
+
+    def on_abort(identity, msg):
+        ep._reply(identity, W.AbortAck(room=msg.room, generation=msg.generation,
+                                       prefill_rank=ep.rank, drained=True))
+
+    ep._on_abort = on_abort
+
+
+def _prefill_start(layout, plan, rank, ep, pools, req):
+    ids = req.ids[ROLE_PREFILL]
+    for comp, pos, item, _, data in _items(layout, plan, ROLE_PREFILL, rank, req, ids):
+        pools.view(comp.name, pos)[item] = data
+    page_size = plan.topology.prefill.page_size
+    n_pages = len(ids["pages"])
+    per_chunk = max(1, req.chunk_tokens // page_size)
+    starts = list(range(0, n_pages, per_chunk)) or [0]
+    chunks = []
+    for i, p0 in enumerate(starts):
+        last = i == len(starts) - 1
+        chunks.append(dict(page_ids=ids["pages"][p0:p0 + per_chunk], page_start=p0,
+                           last_chunk=last,
+                           seq_len=min(req.tokens, (p0 + per_chunk) * page_size),
+                           slot=ids["slot"] if last else -1, ring_slot=ids["ring"] if last else -1,
+                           aux_row=ids["aux"] if last else -1,
+                           window_page_ids=ids["window"] if last else None))
+    try:
+        s = ep.sender(req.room, req.generation)
+    except ValueError as e:
+        return {"error": f"sender: {e}"}
+    t0 = time.monotonic()
+    return {"s": s, "chunks": chunks, "next": 0, "t0": t0, "gap": req.chunk_gap_s}
+
+
+def _prefill_step(st, now, KVPoll):
+    if "error" in st:
+        return (int(KVPoll.Failed), st["error"], {})
+    s = st["s"]
+    while st["next"] < len(st["chunks"]) and now >= st["t0"] + st["next"] * st["gap"]:
+        s.send(**st["chunks"][st["next"]])
+        st["next"] += 1
+    state = s.poll()
+    if state in (KVPoll.Success, KVPoll.Failed) and st["next"] == len(st["chunks"]):
+        return (int(state), s.reason, {"bytes": s.stats.bytes})
+    if state == KVPoll.Failed:
+        return (int(state), s.reason, {"bytes": s.stats.bytes})
+    return None
+
+
+def _decode_items(layout, plan, rank, req):
+    return list(_items(layout, plan, ROLE_DECODE, rank, req, req.ids[ROLE_DECODE]))
+
+
+def _decode_start(layout, plan, rank, ep, pools, req, cfg, res_q, key):
+    items = _decode_items(layout, plan, rank, req)
+    # Canary: nothing may have written into these items since they were given back.
+    bad = 0
+    for comp, pos, item, _, _ in items:
+        got = pools.view(comp.name, pos)[item]
+        bad += int((got != CANARY).sum())
+    if bad:
+        res_q.put(("canary", key, req.room, req.generation, bad))
+    prefix_pages = req.prefix_tokens // plan.topology.decode.page_size
+    for comp, pos, item, where, data in items:
+        view = pools.view(comp.name, pos)
+        if comp.index == "page" and where < prefix_pages:
+            view[item] = data  # the prefix cache already holds these pages
+        else:
+            view[item] = POISON
+    ids = req.ids[ROLE_DECODE]
+    rv = ep.receiver(req.room, req.generation)
+    pages = np.array(ids["pages"])
+    if req.fault == "bad_page":
+        pages[-1] = cfg.pages + 5
+    rv.init(pages, req.prefix_tokens, slot=ids["slot"], ring_slot=ids["ring"],
+            aux_row=ids["aux"], window_page_ids=ids["window"])
+    t0 = time.monotonic()
+    abort_at = t0 + req.abort_after_s if req.abort_after_s is not None else None
+    watch = []
+    if req.abort_on_first_byte:
+        abort_at = None
+        watch = [(pools.view(c.name, pos), item) for c, pos, item, where, _ in items
+                 if not (c.index == "page" and where < prefix_pages)][:8]
+    return {"rv": rv, "req": req, "items": items, "abort_at": abort_at, "aborted": False,
+            "t0": t0, "watch": watch}
+
+
+def _decode_step(layout, plan, rank, pools, st, now, KVPoll, PageState, reuse_all=False):
+    rv = st["rv"]
+    if not st["aborted"] and (st["abort_at"] is not None and now >= st["abort_at"] or any(
+            (view[item] != POISON).any() for view, item in st["watch"])):
+        rv.abort(wait=False)
+        st["aborted"] = True
+    state = rv.poll()
+    if state == KVPoll.Success:
+        bad, nbad = "", 0
+        for comp, pos, item, where, data in st["items"]:
+            got = pools.view(comp.name, pos)[item]
+            if not np.array_equal(got, data):
+                n = int((got != data).sum())
+                nbad += n
+                bad = bad or (f"{comp.name} entry {pos} position {where}: {n} of {len(data)} "
+                              "bytes differ from the labels")
+        _give_back(pools, st["items"])
+        rv.release()
+        return (int(state), bad, {"pages": "reusable", "corrupt_bytes": nbad,
+                                  "aborted": st["aborted"], "bytes": rv.bytes})
+    if state == KVPoll.Failed:
+        ps = rv.page_state
+        if ps == PageState.PENDING:
+            return None
+        reason = rv.reason
+        if reuse_all:
+            ps = PageState.REUSABLE
+        if ps == PageState.REUSABLE:
+            if st["req"].fault:
+                # Refused before any write: every byte outside the prefix is still poison.
+                prefix = st["req"].prefix_tokens // plan.topology.decode.page_size
+                for comp, pos, item, where, _ in st["items"]:
+                    if comp.index == "page" and where < prefix:
+                        continue
+                    if (pools.view(comp.name, pos)[item] != POISON).any():
+                        reason += f"; BYTES WRITTEN into {comp.name} entry {pos} at {where}"
+                        break
+            _give_back(pools, st["items"])
+        rv.release()
+        return (int(state), reason, {"pages": ps.value, "aborted": st["aborted"]})
+    return None
+
+
+def _give_back(pools, items) -> None:
+    for comp, pos, item, _, _ in items:
+        pools.view(comp.name, pos)[item] = CANARY
+
+
+# ~~~ parent ~~~
+
+
+@dataclass
+class _Flight:
+    req: RelReq
+    groups: dict  # side -> dp group
+    waiting: set  # rank keys yet to report
+    reports: dict = field(default_factory=dict)
+    hit: float | None = None  # when a fault hit one of its ranks
+    side_done: set = field(default_factory=set)
+    t_issue: float = field(default_factory=time.monotonic)
+
+
+class _Pool:
+    """LIFO free lists of one (side, DP group): ids given back go out first."""
+
+    def __init__(self, pages: int, slots: int, rng):
+        self.pages = list(rng.permutation(pages)[::-1])
+        self.slots = list(rng.permutation(slots)[::-1])
+        self.windows = list(rng.permutation(pages)[::-1])
+        self.quarantined_pages = 0
+
+    def take(self, n: int, nw: int):
+        if len(self.pages) < n or not self.slots or len(self.windows) < nw:
+            return None
+        pages = [self.pages.pop() for _ in range(n)]
+        windows = [self.windows.pop() for _ in range(nw)]
+        s = self.slots.pop()
+        return {"pages": np.array(pages, np.int64), "slot": int(s), "ring": int(s),
+                "aux": int(s), "window": np.array(windows, np.int64)}
+
+    def give(self, ids: dict) -> None:
+        self.pages.extend(int(p) for p in ids["pages"][::-1])
+        self.windows.extend(int(w) for w in ids["window"][::-1])
+        self.slots.append(ids["slot"])
+
+
+class Harness:
+    def __init__(self, cfg: RelConfig, out=None):
+        from pdc.compiler.diagnostics import SpecErrors
+        from pdc.compiler.frontend import load_spec
+        from pdc.compiler.layout import build_layout
+        from pdc.compiler.lower import lower
+        from pdc.compiler.topology import topology_from_args
+
+        self.cfg = cfg
+        self.out = out or sys.stderr
+        spec = load_spec(cfg.spec)
+        self.layout = build_layout(spec)
+        topo, errs = topology_from_args(self.layout, cfg.prefill, cfg.decode, cfg.engine)
+        if errs:
+            raise SpecErrors(errs)
+        self.plan = lower(self.layout, topo, spec.backends)
+        self.topo = topo
+        self.sources = family_sources(spec)
+        dgroups = cfg.decode_groups if cfg.decode_groups is not None else range(topo.decode.dp)
+        self.blob = {"cfg": cfg, "sources": self.sources, "plan": self.plan.to_json(),
+                     "decode_groups": list(dgroups)}
+        self.rng = np.random.default_rng(cfg.seed)
+        self.report = Report()
+        for f in cfg.faults:
+            s = topo.prefill if f.side == ROLE_PREFILL else topo.decode
+            if s.tp * s.pp != 1:
+                raise ValueError("faults need tp = pp = 1 on the faulted side")
+            if f.side == ROLE_PREFILL and f.dp == 0:
+                raise ValueError("the prefill leader (dp 0) hosts the bootstrap table; fault "
+                                 "another prefill rank")
+
+    # ~~~ ranks ~~~
+
+    def _group_keys(self, side: str, g: int) -> list[tuple]:
+        s = self.topo.prefill if side == ROLE_PREFILL else self.topo.decode
+        return [(side, g, p, t) for p in range(s.pp) for t in range(s.tp)]
+
+    def _spawn(self, key: tuple, bootstrap: str | None) -> None:
+        q = self.ctx.Queue()
+        log = os.path.join(self.log_dir, "{}-dp{}-pp{}-tp{}.log".format(*key))
+        p = self.ctx.Process(target=_rank_main, args=(self.blob, key, bootstrap, q, self.res_q,
+                                                      log), daemon=True)
+        p.start()
+        self.procs[key], self.cmd_qs[key] = p, q
+        self.ready.discard(key)
+
+    def run(self) -> Report:
+        cfg, topo = self.cfg, self.topo
+        self.ctx = mp.get_context("spawn")
+        self.res_q = self.ctx.Queue()
+        self.procs, self.cmd_qs = {}, {}
+        self.ready: set = set()
+        self.down: set = set()  # killed or stopped
+        self.returning: set = set()  # killed or stopped ranks that will be back
+        self.log_dir = tempfile.mkdtemp(prefix="pdc-reliability-")
+        self.report.log_dir = self.log_dir
+        dgroups = cfg.decode_groups if cfg.decode_groups is not None else range(topo.decode.dp)
+        self.keys = [k for g in range(topo.prefill.dp) for k in self._group_keys(ROLE_PREFILL, g)]
+        self.keys += [k for g in dgroups for k in self._group_keys(ROLE_DECODE, g)]
+        self.hub_addr: dict = {}
+        t_start = time.monotonic()
+        try:
+            self._spawn(self.keys[0], None)
+            self.bootstrap = self._expect("bootstrap")[1]
+            for k in self.keys[1:]:
+                self._spawn(k, self.bootstrap)
+            while len(self.ready) < len(self.keys):
+                self._handle(self._get(60))
+            self._loop(t_start)
+        finally:
+            self._shutdown()
+            self.report.wall_s = time.monotonic() - t_start
+        return self.report
+
+    def _get(self, timeout: float):
+        msg = self.res_q.get(timeout=timeout)
+        if msg[0] == "crash":
+            raise RuntimeError(f"rank {msg[1]} crashed: {msg[2]}\n  logs: {self.log_dir}")
+        return msg
+
+    def _expect(self, kind: str):
+        while True:
+            msg = self._get(60)
+            if msg[0] == kind:
+                return msg
+            self._handle(msg)
+
+    # ~~~ the scheduling loop ~~~
+
+    def _loop(self, t_start: float) -> None:
+        cfg, topo = self.cfg, self.topo
+        self.pools = {}
+        for side, s in ((ROLE_PREFILL, topo.prefill), (ROLE_DECODE, topo.decode)):
+            for g in range(s.dp):
+                self.pools[(side, g)] = _Pool(cfg.pages, cfg.slots, self.rng)
+        self.flights: dict = {}  # (room, gen) -> _Flight
+        self.orphans: dict = {}  # (room, gen, key) -> (pool key, ids) of ranks that were down
+        self.finished = 0
+        self.issued = 0
+        self.next_room = 1
+        self.retry_q: list = []
+        self.timers: list = []  # (time, action, fault)
+        faults = sorted(cfg.faults, key=lambda f: f.at)
+        dgroups = cfg.decode_groups if cfg.decode_groups is not None else range(topo.decode.dp)
+        self.dgroups = list(dgroups)
+        fuzzer = None
+        if cfg.fuzz:
+            fuzzer = _Fuzzer(self)
+            fuzzer.start()
+        deadline = t_start + cfg.deadline_s
+        while self.finished < cfg.requests:
+            now = time.monotonic()
+            if now > deadline:
+                break
+            while faults and self.finished >= faults[0].at and self._inflight_on(faults[0]):
+                self._inject(faults.pop(0))
+            for t, action, f in list(self.timers):
+                if now >= t:
+                    self.timers.remove((t, action, f))
+                    action(f)
+            self._issue()
+            try:
+                msg = self._get(0.005)
+            except queue.Empty:
+                continue
+            self._handle(msg)
+            while True:
+                try:
+                    msg = self.res_q.get_nowait()
+                except queue.Empty:
+                    break
+                if msg[0] == "crash":
+                    raise RuntimeError(f"rank {msg[1]} crashed: {msg[2]}\n  logs: {self.log_dir}")
+                self._handle(msg)
+        if fuzzer is not None:
+            fuzzer.stop()
+            self.report.fuzz.update(fuzzer.counts)
+        self.report.lost = len(self.flights)
+        for fl in self.flights.values():
+            self.report.unexpected.append(f"room {fl.req.room} gen {fl.req.generation}: LOST, "
+                                          f"waiting for {sorted(fl.waiting)}")
+
+    def _inflight_on(self, f: Fault) -> bool:
+        """Faults hit mid-transfer: wait until the rank has a request whose prefill is still
+        sending chunks (so neither side can have finished it)."""
+        now = time.monotonic()
+        return any(fl.groups[f.side] == f.dp and fl.req.chunk_gap_s > 0 and
+                   now < fl.t_issue + (fl.req.n_chunks - 1) * fl.req.chunk_gap_s
+                   for fl in self.flights.values())
+
+    def _healthy(self, side: str, g: int) -> bool:
+        return all(k in self.ready and k not in self.down for k in self._group_keys(side, g))
+
+    def _issue(self) -> None:
+        cfg, topo = self.cfg, self.topo
+        if self.returning and self.issued >= cfg.requests - max(20, cfg.requests // 5):
+            return  # keep the last requests for the ranks that come back (restart, resume)
+        per_group = Counter(fl.groups[ROLE_DECODE] for fl in self.flights.values())
+        budget = cfg.requests - self.finished - len(self.flights)
+        while budget > 0 and self.issued < cfg.requests:
+            if self.retry_q:
+                req = self.retry_q[0]
+                room = req.room
+            else:
+                req = None
+                room = self._pick_room(per_group)
+                if room is None:
+                    return
+            pg = room % topo.prefill.dp
+            dg = room % topo.decode.dp
+            if not (self._healthy(ROLE_PREFILL, pg) and self._healthy(ROLE_DECODE, dg)) or \
+                    per_group[dg] >= cfg.concurrency:
+                if req is not None:
+                    self.retry_q.pop(0)  # its groups are down: run a fresh request instead
+                    continue
+                return
+            if req is None:
+                req = self._new_req(room, 0)
+            ids = {}
+            for side, g in ((ROLE_PREFILL, pg), (ROLE_DECODE, dg)):
+                s = topo.prefill if side == ROLE_PREFILL else topo.decode
+                n = -(-req.tokens // s.page_size)
+                nw = sum(n - window_first_page(req.tokens, c.window_tokens, s.page_size)
+                         for c in self.layout.components if c.index == "window")
+                got = self.pools[(side, g)].take(n, nw)
+                if got is None:
+                    for side2, g2 in ids:
+                        self.pools[(side2, g2)].give(ids[(side2, g2)])
+                    return  # wait for pages
+                ids[(side, g)] = got
+            if self.retry_q and req is self.retry_q[0]:
+                self.retry_q.pop(0)
+            else:
+                self.next_room = room + 1
+            req.ids = {ROLE_PREFILL: ids[(ROLE_PREFILL, pg)], ROLE_DECODE: ids[(ROLE_DECODE, dg)]}
+            keys = self._group_keys(ROLE_PREFILL, pg) + self._group_keys(ROLE_DECODE, dg)
+            self.flights[(room, req.generation)] = _Flight(
+                req, {ROLE_PREFILL: pg, ROLE_DECODE: dg}, set(keys))
+            for k in keys:
+                self.cmd_qs[k].put(("req", req))
+            self.issued += 1
+            self.report.requests += 1
+            self.report.aborts += req.abort_after_s is not None
+            self.report.retries += req.generation > 0
+            per_group[dg] += 1
+            budget -= 1
+
+    def _pick_room(self, per_group) -> int | None:
+        topo = self.topo
+        room = self.next_room
+        for _ in range(topo.prefill.dp * topo.decode.dp * 4):
+            dg = room % topo.decode.dp
+            if dg in self.dgroups and self._healthy(ROLE_PREFILL, room % topo.prefill.dp) and \
+                    self._healthy(ROLE_DECODE, dg) and per_group[dg] < self.cfg.concurrency:
+                self.next_room = room
+                return room
+            room += 1
+        return None
+
+    def _new_req(self, room: int, generation: int) -> RelReq:
+        cfg, rng = self.cfg, self.rng
+        page_size = self.topo.prefill.page_size
+        n_pages = int(rng.integers(1, cfg.max_pages + 1))
+        tokens = (n_pages - 1) * page_size + int(rng.integers(1, page_size + 1))
+        chunk_pages = int(rng.integers(1, n_pages + 1))
+        prefix = int(rng.integers(0, n_pages)) * page_size if rng.random() < cfg.prefix_rate \
+            else 0
+        n_chunks = -(-n_pages // chunk_pages)
+        abort, on_byte = None, False
+        gap = cfg.chunk_gap_s if rng.random() < 0.5 else 0.0
+        if rng.random() < cfg.abort_rate:
+            abort = float(rng.uniform(0, n_chunks * gap + 0.004))
+            on_byte = bool(rng.random() < 0.5)  # half of them right after the first write
+        fault = "bad_page" if rng.random() < cfg.bad_index_rate else ""
+        req = RelReq(room=room, tokens=tokens, chunk_tokens=chunk_pages * page_size,
+                     prefix_tokens=prefix, fault=fault, generation=generation,
+                     abort_after_s=abort, abort_on_first_byte=on_byte, chunk_gap_s=gap)
+        req.seed_labels = cfg.seed * 65599 + generation
+        req.n_chunks = n_chunks
+        return req
+
+    # ~~~ results ~~~
+
+    def _handle(self, msg) -> None:
+        kind = msg[0]
+        if kind == "ready":
+            self.ready.add(msg[1])
+            self.returning.discard(msg[1])
+            if msg[1][0] == ROLE_PREFILL:
+                self.hub_addr[msg[1]] = msg[2]
+        elif kind == "canary":
+            _, key, room, gen, nbad = msg
+            self.report.corrupted += 1
+            self.report.corrupted_bytes += nbad
+            self.report.unexpected.append(f"{key}: room {room} gen {gen}: {nbad} bytes written "
+                                          "into pages while they were free")
+        elif kind == "stats":
+            name = "{}.dp{}.pp{}.tp{}".format(*msg[1])
+            if name in self.report.rank_stats:  # a restarted rank: keep both incarnations
+                name += f"#{sum(1 for k in self.report.rank_stats if k.startswith(name))}"
+            self.report.rank_stats[name] = msg[2]
+            self.report.totals.update({k: v for k, v in msg[2].items()
+                                       if k not in ("rooms", "finished", "peers", "requests",
+                                                    "engine_peers", "max_stall_ms")})
+        elif kind == "done":
+            self._on_done(*msg[1:])
+
+    def _on_done(self, key, room, gen, state, reason, info) -> None:
+        fl = self.flights.get((room, gen))
+        if fl is None or key not in fl.waiting:
+            orphan = self.orphans.pop((room, gen, key), None)
+            if orphan is not None:  # a rank that was down came back and reported late
+                self._release(orphan[0], orphan[1], info)
+            return
+        fl.waiting.discard(key)
+        fl.reports[key] = (state, reason, info)
+        for side in (ROLE_PREFILL, ROLE_DECODE):
+            self._maybe_side_done(fl, side)
+        if not fl.waiting:
+            self._finish(fl)
+
+    def _maybe_side_done(self, fl: _Flight, side: str) -> None:
+        if side in fl.side_done:
+            return
+        keys = self._group_keys(side, fl.groups[side])
+        if any(k in fl.waiting for k in keys):
+            return
+        fl.side_done.add(side)
+        reported = [fl.reports[k][2] for k in keys if k in fl.reports]
+        pool = (side, fl.groups[side])
+        if len(reported) == len(keys):
+            quarantined = any(i.get("pages") == "quarantined" for i in reported)
+            self._release(pool, fl.req.ids[side], {"pages": "quarantined" if quarantined
+                                                   else "reusable"})
+        if side == ROLE_DECODE:
+            dec = [fl.reports[k] for k in keys if k in fl.reports]
+            if fl.req.abort_after_s is not None and dec and all(
+                    s == 4 and r == "aborted by decode" for s, r, _ in dec) and \
+                    self.rng.random() < self.cfg.retry_rate and \
+                    self.issued + len(self.retry_q) < self.cfg.requests:
+                self.retry_q.append(self._new_req(fl.req.room, fl.req.generation + 1))
+
+    def _release(self, pool_key, ids, info) -> None:
+        pool = self.pools[pool_key]
+        if pool_key[0] == ROLE_DECODE and info.get("pages") == "quarantined":
+            pool.quarantined_pages += len(ids["pages"])
+            self.report.quarantined += 1
+            self.report.quarantined_pages += len(ids["pages"])
+            return
+        pool.give(ids)
+
+    def _finish(self, fl: _Flight) -> None:
+        del self.flights[(fl.req.room, fl.req.generation)]
+        self.finished += 1
+        r, req = self.report, fl.req
+        if fl.hit is not None:
+            r.fault_requests += 1
+            r.fault_resolution_s = max(r.fault_resolution_s, time.monotonic() - fl.hit)
+        dec = [(k, v) for k, v in fl.reports.items() if k[0] == ROLE_DECODE]
+        pre = [(k, v) for k, v in fl.reports.items() if k[0] == ROLE_PREFILL]
+        tag = f"room {req.room} gen {req.generation}"
+        if dec and all(v[0] == 3 for _, v in dec):
+            bad = [v[1] for _, v in dec if v[1]]
+            if bad:
+                r.corrupted += 1
+                r.corrupted_bytes += sum(v[2].get("corrupt_bytes", 0) for _, v in dec)
+                r.unexpected.append(f"{tag}: CORRUPTED: {bad[0]}")
+                r.failed += 1
+                return
+            failed_pre = [v[1] for _, v in pre if v[0] == 4]
+            if failed_pre:
+                r.inconsistent.append(f"{tag}: decode Success, prefill Failed: {failed_pre[0]}")
+            r.succeeded += 1
+            return
+        r.failed += 1
+        gone = sorted("{}.dp{}".format(*k) for k in set(self._group_keys(
+            ROLE_PREFILL, fl.groups[ROLE_PREFILL]) + self._group_keys(
+            ROLE_DECODE, fl.groups[ROLE_DECODE])) - fl.reports.keys())
+        why = next((v[1] for _, v in dec if v[0] == 4), "") or \
+            next((v[1] for _, v in pre if v[0] == 4), "") or \
+            f"no terminal report: {', '.join(gone)} went down first"
+        r.reasons[normalise(why)] += 1
+        if "BYTES WRITTEN" in why:
+            r.corrupted += 1
+            r.unexpected.append(f"{tag}: {why}")
+        elif not (req.abort_after_s is not None or req.fault or fl.hit is not None):
+            r.unexpected.append(f"{tag}: {why}")
+
+    # ~~~ faults ~~~
+
+    def _inject(self, f: Fault) -> None:
+        key = (f.side, f.dp, 0, 0)
+        proc = self.procs[key]
+        sig = signal.SIGKILL if f.action == "kill" else signal.SIGSTOP
+        os.kill(proc.pid, sig)
+        now = time.monotonic()
+        self.down.add(key)
+        self.report.faults_injected += 1
+        print(f"  fault: {f.action} {f.side} dp{f.dp} (pid {proc.pid}) with "
+              f"{sum(1 for fl in self.flights.values() if key in fl.waiting)} requests in "
+              "flight on it", file=self.out)
+        for fl in self.flights.values():
+            if fl.groups[f.side] == f.dp:
+                fl.hit = fl.hit if fl.hit is not None else now
+            if key in fl.waiting:
+                fl.waiting.discard(key)
+                if f.action == "stop":
+                    self.orphans[(fl.req.room, fl.req.generation, key)] = (
+                        (f.side, f.dp), fl.req.ids[f.side])
+                fl.side_done.add(f.side)  # its pages went (or will go back) with the rank
+        for fl in list(self.flights.values()):
+            if not fl.waiting:
+                self._finish(fl)
+        if f.action == "kill" and f.restart_after_s is not None:
+            self.timers.append((now + f.restart_after_s, self._restart, f))
+            self.returning.add(key)
+        if f.action == "stop" and f.resume_after_s is not None:
+            self.timers.append((now + f.resume_after_s, self._resume, f))
+            self.returning.add(key)
+
+    def _restart(self, f: Fault) -> None:
+        key = (f.side, f.dp, 0, 0)
+        self.procs[key].join(timeout=5)
+        self.pools[(f.side, f.dp)] = _Pool(self.cfg.pages, self.cfg.slots, self.rng)
+        self.orphans = {k: v for k, v in self.orphans.items() if k[2] != key}
+        self.down.discard(key)
+        self._spawn(key, self.bootstrap)
+        print(f"  fault: restarted {f.side} dp{f.dp}", file=self.out)
+
+    def _resume(self, f: Fault) -> None:
+        key = (f.side, f.dp, 0, 0)
+        os.kill(self.procs[key].pid, signal.SIGCONT)
+        # Route to it again once its peers heard from it (a request to a peer that is still
+        # "silent" on the other side fails at once, by design).
+        grace = max(0.5, 3 * self.cfg.knobs.get("heartbeat_interval_s", 1.0))
+        self.timers.append((time.monotonic() + grace, self._readmit, f))
+        print(f"  fault: resumed {f.side} dp{f.dp}", file=self.out)
+
+    def _readmit(self, f: Fault) -> None:
+        self.down.discard((f.side, f.dp, 0, 0))
+        self.returning.discard((f.side, f.dp, 0, 0))
+
+    def _shutdown(self) -> None:
+        for key, p in self.procs.items():
+            if key in self.down and p.is_alive():
+                os.kill(p.pid, signal.SIGCONT)
+        for key, p in self.procs.items():
+            if key not in self.ready and key not in self.down and p.is_alive():
+                # Started (or restarted) but never ready: keep its stacks, then end it.
+                os.kill(p.pid, signal.SIGUSR1)
+                time.sleep(0.5)
+                p.kill()
+                self.report.unexpected.append(
+                    "{}.dp{}.pp{}.tp{} never became ready".format(*key))
+        alive = [k for k, p in self.procs.items() if p.is_alive()]
+        for k in alive:
+            try:
+                self.cmd_qs[k].put(("stop",))
+            except (OSError, ValueError):
+                pass
+        deadline = time.monotonic() + 30
+        byes = set()
+        while len(byes) < len(alive) and time.monotonic() < deadline:
+            try:
+                msg = self.res_q.get(timeout=0.5)
+            except queue.Empty:
+                if all(not self.procs[k].is_alive() for k in alive if k not in byes):
+                    break
+                continue
+            if msg[0] == "bye":
+                byes.add(msg[1])
+            elif msg[0] == "done":
+                self._on_done(*msg[1:])
+            elif msg[0] in ("stats", "canary"):
+                self._handle(msg)
+        for p in self.procs.values():
+            p.join(timeout=2)
+            if p.is_alive():
+                p.kill()
+        errors = any(st.get("handler_errors") or st.get("worker_errors")
+                     for st in self.report.rank_stats.values())
+        if not self.report.unexpected and not self.report.lost and not errors:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+            self.report.log_dir = ""
+
+
+# ~~~ hostile input ~~~
+
+
+class _Fuzzer:
+    """Hostile clients against every prefill rank's control socket, in a thread."""
+
+    def __init__(self, h: Harness):
+        self.h = h
+        self.counts: Counter = Counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pdc-fuzzer", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        import zmq
+
+        from pdc.runtime import wire as W
+        from pdc.runtime.endpoints import REG_ROOM
+        from pdc.runtime.plan_types import RankId
+
+        h = self.h
+        _, wire = load_family(h.sources)
+        fp, comps = wire.FINGERPRINT, wire.WIRE_COMPONENTS
+        rng = np.random.default_rng(h.cfg.seed + 1)
+        ctx = zmq.Context.instance()
+        addrs = [a for _, a in sorted(h.hub_addr.items())]
+        socks = []
+        for a in addrs:
+            s = ctx.socket(zmq.DEALER)
+            s.setsockopt(zmq.LINGER, 0)
+            s.connect(a)
+            socks.append(s)
+        topo = h.topo
+        idle = [g for g in range(topo.decode.dp) if g not in h.dgroups]
+        reg_src = h.plan.registration(ROLE_DECODE, RankId(0, 0))
+        valid = self._valid_messages(W, wire, reg_src, rng)
+        imp_socks: dict = {}  # impersonated idle decode groups: connection per prefill rank
+        n = 0
+        while not self._stop.is_set():
+            i = int(rng.integers(len(socks)))
+            s = socks[i]
+            n += 1
+            kind = ("garbage", "flip", "truncate", "fingerprint", "unregistered", "register",
+                    "unexpected", "oversize", "impostor")[n % 9]
+            if kind == "garbage":
+                s.send(rng.bytes(int(rng.integers(0, 300))))
+            elif kind == "flip":
+                b = bytearray(valid[int(rng.integers(len(valid)))])
+                for _ in range(int(rng.integers(1, 4))):
+                    b[int(rng.integers(len(b)))] ^= 1 << int(rng.integers(8))
+                s.send(bytes(b))
+            elif kind == "truncate":
+                b = valid[int(rng.integers(len(valid)))]
+                s.send(b[:int(rng.integers(0, len(b)))])
+            elif kind == "fingerprint":
+                msg = W.Heartbeat(side=W.PeerSide.DECODE, rank=RankId(0, 0), sequence=n,
+                                  monotonic_ns=1)
+                s.send(W.encode(msg, fp ^ 0x5A5A, comps))
+            elif kind == "unregistered":
+                # Requests and aborts naming a real decode rank, from a connection that is not
+                # it: for unknown rooms and for rooms the real rank uses.
+                room = int(rng.integers(0, 2**40)) if rng.random() < 0.5 else h.next_room + int(
+                    rng.integers(-4, 4))
+                room = max(room, 0)
+                m = W.TransferRequest(room=room, generation=0, decode_rank=RankId(0, 0),
+                                      dst_page_ids=np.arange(2)) if n % 2 else W.Abort(
+                    room=room, generation=0, decode_rank=RankId(0, 0))
+                s.send(wire.encode(m))
+            elif kind == "register":
+                s.send(wire.encode(self._bad_register(W, wire, reg_src, rng, n)))
+            elif kind == "unexpected":
+                s.send(wire.encode(W.Status(room=1, generation=0, prefill_rank=RankId(0, 0),
+                                            state=W.KVPoll.Success)))
+            elif kind == "oversize" and n % 90 == 16:
+                big = ctx.socket(zmq.DEALER)
+                big.setsockopt(zmq.LINGER, 0)
+                big.connect(addrs[i])
+                big.send(b"\0" * (int(h.cfg.knobs.get("max_message_bytes", 1 << 20)) + 1))
+                self.counts["sent_oversize"] += 1
+                big.close(0)
+            elif kind == "impostor" and idle:
+                self._impostor(ctx, W, wire, reg_src, rng, addrs, idle, imp_socks, n)
+            self.counts["sent"] += 1
+            for s2 in socks + [x for xs in imp_socks.values() for x in xs]:
+                while True:
+                    try:
+                        reply = s2.recv(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    self._count_reply(wire, reply, REG_ROOM)
+            time.sleep(0.0005)
+        for s in socks + [x for xs in imp_socks.values() for x in xs]:
+            s.close(0)
+
+    def _count_reply(self, wire, reply, reg_room) -> None:
+        from pdc.runtime import wire as W
+
+        try:
+            m = wire.decode(reply)
+        except W.WireError:
+            self.counts["unreadable_reply"] += 1
+            return
+        if isinstance(m, W.Status) and m.state == W.KVPoll.Failed:
+            why = m.reason
+            for prefix in ("malformed message: header.checksum", "malformed message: header",
+                           "malformed message", "abort refused", "room ",
+                           "unexpected message", "too many", "page size differs",
+                           "plan digest differs", "decode dp group", "cannot connect",
+                           "no transfer request", "decode rank"):
+                if why.startswith(prefix):
+                    self.counts[f"rejected: {prefix}"] += 1
+                    return
+            self.counts[f"rejected: {normalise(why)[:60]}"] += 1
+        else:
+            self.counts[f"reply: {type(m).__name__}"] += 1
+
+    def _valid_messages(self, W, wire, reg_src, rng) -> list[bytes]:
+        from pdc.runtime.plan_types import RankId
+
+        return [wire.encode(m) for m in (
+            W.Heartbeat(side=W.PeerSide.DECODE, rank=RankId(0, 0), sequence=1, monotonic_ns=2),
+            W.TransferRequest(room=5, generation=1, decode_rank=RankId(0, 0),
+                              dst_page_ids=np.arange(4), slot=1, aux_row=1),
+            W.Abort(room=5, generation=1, decode_rank=RankId(0, 0)),
+            self._register(W, wire, reg_src, 0, b"127.0.0.1:1"),
+        )]
+
+    def _register(self, W, wire, reg, dp, agent, page_size=None, digest=None):
+        h = self.h
+        buffers = {}
+        for name, entries, item in reg.components:
+            buffers[name] = [W.RegEntry(layer_id=lid, tensor=t, base_addr=(1 << 20) * (i + 1),
+                                        item_bytes=item, capacity_items=h.cfg.pages)
+                             for i, (t, lid) in enumerate(entries)]
+        return W.Register(side=W.PeerSide.DECODE, dp_group=dp, rank=reg.rank,
+                          page_size=page_size or h.topo.decode.page_size,
+                          plan_digest=digest or bytes.fromhex(h.plan.digest()),
+                          agent_info=agent, control_endpoint="",
+                          sections=wire.registration_sections(buffers))
+
+    def _bad_register(self, W, wire, reg, rng, n):
+        h = self.h
+        which = n % 4
+        if which == 0:
+            return self._register(W, wire, reg, 0, b"x", digest=rng.bytes(32))
+        if which == 1:
+            return self._register(W, wire, reg, 0, b"x", page_size=h.topo.decode.page_size + 1)
+        if which == 2:
+            return self._register(W, wire, reg, h.topo.decode.dp + 3, b"x")
+        return self._register(W, wire, reg, 0, b"not a session")
+
+    def _impostor(self, ctx, W, wire, reg, rng, addrs, idle, imp_socks, n) -> None:
+        """Register as an idle decode group (a valid registration with a bogus engine
+        session), re-register with new sessions (floods the engine-peer cap), and send it
+        requests for rooms no prefill will ever serve, and aborts of random rooms."""
+        import zmq
+
+        from pdc.runtime.plan_types import RankId
+
+        g = idle[n % len(idle)]
+        if g not in imp_socks or n % 45 == 17:
+            for s in imp_socks.get(g, []):
+                s.close(0)
+            imp_socks[g] = []
+            agent = f"127.0.0.1:{int(rng.integers(20000, 30000))}".encode()
+            for a in addrs:
+                s = ctx.socket(zmq.DEALER)
+                s.setsockopt(zmq.LINGER, 0)
+                s.connect(a)
+                s.send(wire.encode(self._register(W, wire, reg, g, agent)))
+                imp_socks[g].append(s)
+            self.counts["impostor_registrations"] += 1
+            return
+        dp = self.h.topo.decode.dp
+        for s in imp_socks[g]:
+            room = int(rng.integers(0, 2**30)) * dp + g
+            if n % 3:
+                s.send(wire.encode(W.TransferRequest(
+                    room=room, generation=int(rng.integers(0, 3)), decode_rank=RankId(0, 0),
+                    dst_page_ids=np.arange(2), slot=0, aux_row=0)))
+            else:
+                s.send(wire.encode(W.Abort(room=room, generation=0, decode_rank=RankId(0, 0))))
+        self.counts["impostor_messages"] += 1
+
+
+def run(cfg: RelConfig, out=None) -> Report:
+    return Harness(cfg, out).run()
+
+
+def report_dict(r: Report) -> dict:
+    """The report as plain JSON-able data (dataclasses.asdict would garble the Counters)."""
+    d = {f.name: dict(v) if isinstance(v := getattr(r, f.name), dict) else v
+         for f in fields(r)}
+    d["max_stall_ms"] = r.max_stall_ms
+    return d

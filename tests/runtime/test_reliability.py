@@ -1,0 +1,148 @@
+"""Reliability under faults and load, over real engines (short versions of bench/reliability.py).
+
+Every run goes through pdc.reliability: one process per rank, LIFO page reuse, per-byte
+labels on every successful request, canaries on every page given back, quarantined pages
+never handed out again (Note [What is checked] there). A run is clean when nothing was lost
+or corrupted and every failure is explained (an abort, an injected fault or bad index).
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+
+import pytest
+
+from pdc.reliability import Fault, RelConfig, run
+
+pytestmark = pytest.mark.engines
+
+TINY = str(Path(__file__).parent / "specs" / "tiny.yaml")
+# Failure detection gets 2 s: on this 2-core box, with Mooncake's writers busy-spinning, a
+# rank's control thread can go ~1 s without running (endpoint stats: max_stall_ms).
+FAST = dict(heartbeat_interval_s=0.1, peer_dead_after_s=2.0, abort_ack_timeout_s=1.5,
+            transfer_timeout_s=10.0, prefill_room_timeout_s=20.0, reconnect_interval_s=0.3)
+# Eight rank processes on two cores: the soak is about load, not detection speed.
+SOAK = dict(FAST, peer_dead_after_s=10.0, abort_ack_timeout_s=10.0, transfer_timeout_s=30.0,
+            prefill_room_timeout_s=60.0)
+
+ABORTED = "aborted by decode"
+BAD_INDEX = re.compile(r"prefill\.dpN\.ppN\.tpN: bad index from decode ppN\.tpN: 'kv' page N "
+                       r"is outside the registered capacity N")
+FAULT_REASONS = re.compile(
+    r"(decode peer decode\.dpN\.ppN\.tpN silent for N s"
+    r"|prefill peer prefill\.dpN\.ppN\.tpN silent for N s"
+    r"|transfer failed: descriptors \[N, N\) failed \(rc -N: peer died, rejected the write, or "
+    r"MC_TRANSFER_TIMEOUT expired\)"
+    r"|no terminal report: .* went down first"
+    r"|decode rank decode\.dpN\.ppN\.tpN registered again \(restarted\); requests of its "
+    r"previous incarnation fail)")
+
+
+def assert_clean(r) -> None:
+    detail = r.summary() + (f"\n  logs: {r.log_dir}" if r.log_dir else "")
+    assert r.lost == 0, detail
+    assert r.corrupted == 0 and r.corrupted_bytes == 0, detail
+    assert r.unexpected == [] and r.inconsistent == [], detail
+    assert r.succeeded + r.failed == r.requests, detail
+    for ranks in r.rank_stats.values():
+        assert ranks.get("handler_errors", 0) == 0 and ranks.get("worker_errors", 0) == 0, detail
+
+
+def test_abort_storm_reuses_pages_at_once_and_corrupts_nothing():
+    r = run(RelConfig(spec=TINY, engine="mooncake", requests=1000, abort_rate=0.4,
+                      retry_rate=0.5, concurrency=8, knobs=FAST), out=io.StringIO())
+    assert_clean(r)
+    assert r.requests == 1000 and r.aborts >= 300 and r.retries >= 60, r.summary()
+    # Aborts land mid-transfer: prefill saw them with writes still in flight.
+    assert r.totals["aborts_with_writes_in_flight"] >= 50, r.summary()
+    assert set(r.reasons) == {ABORTED}, r.summary()
+    assert r.succeeded >= 500 and r.quarantined == 0, r.summary()
+
+
+def test_killed_ranks_fail_only_their_requests_and_come_back_after_restart():
+    faults = [Fault(at=40, action="kill", side="decode", dp=2, restart_after_s=0.5),
+              Fault(at=140, action="kill", side="prefill", dp=1, restart_after_s=0.5)]
+    r = run(RelConfig(spec=TINY, prefill="tp=1,dp=2", decode="tp=1,dp=3", requests=420,
+                      abort_rate=0.1, concurrency=4, faults=faults, knobs=FAST),
+            out=io.StringIO())
+    assert_clean(r)
+    assert r.faults_injected == 2 and r.fault_requests >= 2, r.summary()
+    # No hang: every request a fault hit ended within peer_dead_after_s + abort_ack_timeout_s
+    # (+ slack for a 2-core box that is also starting the replacement process).
+    assert r.fault_resolution_s < 2.0 + 1.5 + 3.0, r.summary()
+    for reason in set(r.reasons) - {ABORTED}:
+        assert FAULT_REASONS.fullmatch(reason), reason
+    # Both restarted ranks registered again and served requests, verified.
+    assert r.rank_stats["decode.dp2.pp0.tp0"]["succeeded"] > 0, r.summary()
+    assert r.rank_stats["prefill.dp1.pp0.tp0"]["succeeded"] > 0, r.summary()
+    assert r.rank_stats["prefill.dp0.pp0.tp0"]["reregistrations"] == 1
+    assert r.rank_stats["decode.dp0.pp0.tp0"]["reconnects"] == 1
+
+
+def test_frozen_ranks_fail_only_their_requests_and_wake_up_harmless():
+    # Writes to a frozen rank busy-spin in Mooncake until its timeout: on a 2-core box that
+    # starves everyone, so the silence verdict gets more room here.
+    knobs = dict(FAST, peer_dead_after_s=2.5)
+    # Each rank sleeps past peer_dead_after_s (+ abort_ack_timeout_s for the prefill rank).
+    faults = [Fault(at=40, action="stop", side="decode", dp=2, resume_after_s=4.0),
+              Fault(at=140, action="stop", side="prefill", dp=1, resume_after_s=5.0)]
+    r = run(RelConfig(spec=TINY, prefill="tp=1,dp=2", decode="tp=1,dp=3", requests=420,
+                      abort_rate=0.1, concurrency=4, faults=faults, knobs=knobs),
+            out=io.StringIO())
+    assert_clean(r)
+    assert r.faults_injected == 2 and r.fault_requests >= 2, r.summary()
+    # A write to a frozen decode rank ends at Mooncake's own timeout (5 s) at the latest;
+    # requests to a frozen prefill rank at peer_dead_after_s + abort_ack_timeout_s.
+    assert r.fault_resolution_s < 5.0 + 3.0, r.summary()
+    for reason in set(r.reasons) - {ABORTED}:
+        assert FAULT_REASONS.fullmatch(reason), reason
+    # The frozen decode rank noticed the gap and quarantined what was in flight across it;
+    # requests to the frozen prefill rank (asleep past peer_dead_after_s +
+    # abort_ack_timeout_s) were quarantined by their decode ranks. When it woke up, its late
+    # writes landed in quarantined pages only: nothing above counts a corrupted byte.
+    assert r.rank_stats["decode.dp2.pp0.tp0"]["self_freezes"] == 1
+    quarantined = sum(s.get("quarantined", 0) for n, s in r.rank_stats.items()
+                      if n.startswith("decode.") and n != "decode.dp2.pp0.tp0")
+    assert quarantined >= 1 and r.quarantined >= quarantined, r.summary()
+    assert r.rank_stats["decode.dp2.pp0.tp0"]["succeeded"] > 0  # it serves again
+
+
+def test_soak_across_four_rank_pairs():
+    """Hetero TP (prefill tp=2 x dp=2 -> decode tp=1 x dp=4), chunked prefill, prefix hits,
+    aborts and re-runs, bad page ids from decode, link checksums on."""
+    r = run(RelConfig(spec=TINY, prefill="tp=2,dp=2", decode="tp=1,dp=4", requests=500,
+                      abort_rate=0.1, bad_index_rate=0.02, concurrency=6, knobs=SOAK),
+            out=io.StringIO())
+    assert_clean(r)
+    assert r.requests == 500
+    for reason in set(r.reasons) - {ABORTED}:
+        assert BAD_INDEX.fullmatch(reason), reason
+    assert r.totals.get("checksum_mismatches", 0) == 0
+
+
+def test_fuzzed_control_plane_keeps_serving_verified_traffic():
+    knobs = dict(FAST, prefill_room_timeout_s=2.0, max_message_bytes=1 << 20,
+                 max_registrations=16, max_pending_rooms_per_peer=64, max_finished_rooms=2000)
+    r = run(RelConfig(spec=TINY, decode="tp=1,dp=2", decode_groups=(0,), requests=300,
+                      abort_rate=0.1, fuzz=True, knobs=knobs), out=io.StringIO())
+    assert_clean(r)
+    assert set(r.reasons) == {ABORTED}, r.summary()
+    f = r.fuzz
+    assert f["sent"] >= 500, f
+    for kind in ("malformed message: header.checksum", "malformed message: header", "room ",
+                 "abort refused", "unexpected message", "page size differs",
+                 "plan digest differs", "decode dp group", "cannot connect", "too many"):
+        assert f[f"rejected: {kind}"] > 0, (kind, f)
+    st = r.rank_stats["prefill.dp0.pp0.tp0"]
+    # Everything keyed by peer input stayed under its cap.
+    assert st["engine_peers"] <= 16 and st["rooms"] <= 64 + 8 and st["finished"] <= 2000, st
+
+
+def test_the_checks_catch_a_prefill_that_acks_before_draining():
+    """Sabotage: prefill acks an abort at once and goes on writing. The labels, canaries and
+    checksums must see the bytes that land in reused pages."""
+    r = run(RelConfig(spec=TINY, requests=150, abort_rate=0.5, sabotage="early_ack",
+                      knobs=FAST), out=io.StringIO())
+    assert r.corrupted > 0 and r.corrupted_bytes > 0, r.summary()
