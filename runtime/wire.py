@@ -434,7 +434,8 @@ class Abort:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AbortAck:
     """Prefill confirms an Abort. `drained` is True when no write of the request is still
-    in flight, so decode may reuse its pages; False means decode must wait for its timeout."""
+    in flight, so decode may reuse its pages; False means writes stayed stuck past prefill's
+    drain deadline, and decode quarantines the pages at once (they are never reused)."""
 
     room: int
     generation: int  # the Abort's generation
