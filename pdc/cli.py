@@ -296,6 +296,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     arg("--seed", type=int, default=0, help="seed of lengths, chunking, prefix hits and pages"),
     arg("--timeout", type=float, default=60.0, metavar="S",
         help="per-request transfer deadline in seconds (default: 60)"),
+    arg("--stream", action="store_true",
+        help="send per layer: prefill calls layer_done(layer) in forward order, then "
+             "forward_done(), and each layer leaves in its own batch"),
 )
 def cmd_demo(args: argparse.Namespace) -> int:
     """Run prefill and decode ranks as local processes and verify every transferred byte.
@@ -322,7 +325,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         if note:
             print(f"pdc demo: {note}")
     return run_demo(spec, args.prefill, decode, args.engine, args.requests,
-                    concurrency=args.concurrency, seed=args.seed, timeout_s=args.timeout)
+                    concurrency=args.concurrency, seed=args.seed, timeout_s=args.timeout,
+                    stream=args.stream)
 
 
 @command(

@@ -48,6 +48,7 @@ class DemoConfig:
     pages: int
     slots: int
     timeout_s: float
+    stream: bool = False  # prefill sends with stream=True and plays a forward (layer_done)
 
 
 # ~~~ rank process ~~~
@@ -123,19 +124,25 @@ def _rank_loop(cmd_q, res_q, cfg: DemoConfig, side: str, dp: int, pp: int, tp: i
                     pools.view(comp.name, pos)[item] = data
                 s = ep.sender(r.room)
                 for c in chunk_plan(r.tokens, r.chunk_tokens, topo.prefill.page_size):
-                    send_chunk(s, ids, c)
+                    send_chunk(s, ids, c, stream=cfg.stream)
                 senders[r.room] = s
             deadline = time.monotonic() + cfg.timeout_s + 5
+            early = _play_forward(ep, plan, layout, rank, senders, deadline) if cfg.stream \
+                else {}
             while senders and time.monotonic() < deadline:
                 for room, s in list(senders.items()):
                     st = s.poll()
                     if st in (KVPoll.Success, KVPoll.Failed):
                         t = s.stats
-                        results.append((room, int(st), s.reason, t.bytes, t.descriptors,
-                                        max(0.0, t.t_done - t.t_init)))
+                        why = early.get(room, s.reason)
+                        results.append((room, int(KVPoll.Failed) if room in early else int(st),
+                                        why, t.bytes, t.descriptors,
+                                        # a rank with nothing to write has no interval
+                                        t.t_done - t.t_init if t.batches else 0.0,
+                                        t.batches))
                         del senders[room]
                 time.sleep(0.002)
-            results += [(room, int(KVPoll.Failed), "prefill deadline", 0, 0, 0.0)
+            results += [(room, int(KVPoll.Failed), "prefill deadline", 0, 0, 0.0, 0)
                         for room in senders]
         else:
             recvs = {}
@@ -165,14 +172,14 @@ def _rank_loop(cmd_q, res_q, cfg: DemoConfig, side: str, dp: int, pp: int, tp: i
                         dt = time.monotonic() - t0
                         bad = _verify(layout, plan, rank, cfg.seed, r, pools)
                         results.append((room, int(KVPoll.Success) if not bad else
-                                        int(KVPoll.Failed), bad, rv.bytes, dt))
+                                        int(KVPoll.Failed), bad, rv.bytes, dt, *rv.links))
                         del pending[room]
                     elif st == KVPoll.Failed:
                         why = rv.reason
                         if r.fault:
                             touched = _touched(layout, plan, rank, cfg.seed, r, pools)
                             why = f"{why}; {touched}" if touched else why
-                        results.append((room, int(st), why, 0, 0.0))
+                        results.append((room, int(st), why, 0, 0.0, *rv.links))
                         del pending[room]
                 time.sleep(0.001)
             for rv, _, _ in recvs.values():
@@ -183,6 +190,38 @@ def _rank_loop(cmd_q, res_q, cfg: DemoConfig, side: str, dp: int, pp: int, tp: i
         boot.close()
     engine.close()
     res_q.put(("bye", side, dp, pp, tp))
+
+
+def _play_forward(ep, plan, layout, rank, senders: dict, deadline: float) -> dict[int, str]:
+    """What a streaming forward does: layer_done per layer in order, then forward_done.
+
+    After each layer it waits until every request issued a write for it (a layer of a real
+    forward takes long enough for that), so each layer leaves in its own batch. Returns the
+    requests that broke the streaming contract: finished before forward_done (request-wide
+    state must wait for it) or issued nothing for a layer that they move."""
+    from pdc.runtime.endpoints import KVPoll
+
+    terminal = (KVPoll.Success, KVPoll.Failed)
+    real = set(layout.all_layer_ids)
+    layers = sorted({e.layer_id for lk in plan.links_from(rank) for e in lk.entries} & real)
+    broken: dict[int, str] = {}
+    for layer in layers:
+        before = {room: s.stats.batches for room, s in senders.items()}
+        ep.layer_done(layer)
+        while True:
+            idle = [room for room, s in senders.items()
+                    if s.stats.batches == before[room] and s.poll() not in terminal]
+            if not idle or time.monotonic() > deadline:
+                break
+            time.sleep(0.0005)
+        for room in idle:
+            broken.setdefault(room, f"streaming: nothing issued after layer_done({layer})")
+        for room, s in senders.items():
+            if s.poll() == KVPoll.Success:
+                broken.setdefault(room, f"streaming: Success after layer_done({layer}), "
+                                        "before forward_done")
+    ep.forward_done()
+    return broken
 
 
 def _touched(layout, plan, rank, seed, req: Req, pools) -> str:
@@ -233,8 +272,11 @@ def default_decode(spec_path: str, prefill: str, engine: str) -> tuple[str, str]
 
 def run_demo(spec_path: str, prefill: str, decode: str, engine: str, requests: int,
              concurrency: int = 4, seed: int = 0, timeout_s: float = 60.0,
-             out=sys.stdout, faults: dict[int, str] | None = None) -> int:
-    """Run the demo; `faults` maps request indices to an injected fault (see Req.fault).
+             out=sys.stdout, faults: dict[int, str] | None = None, stream: bool = False,
+             summary: dict | None = None) -> int:
+    """Run the demo; `faults` maps request indices to an injected fault (see Req.fault);
+    `stream` sends per layer as a forward reports them (_play_forward); `summary`, when
+    given, receives the printed figures as numbers (for bench/ and tests).
     Exit code 0 when every request ended as expected (verified, or failed cleanly as its
     fault demands)."""
     from pdc.compiler.diagnostics import SpecErrors
@@ -264,7 +306,7 @@ def run_demo(spec_path: str, prefill: str, decode: str, engine: str, requests: i
     max_pages_per_req = 8
     cfg = DemoConfig(spec_path, spec.py_name, plan.to_json(), engine, requests, concurrency,
                      seed, pages=max_pages_per_req * concurrency, slots=slots,
-                     timeout_s=timeout_s)
+                     timeout_s=timeout_s, stream=stream)
     rng = np.random.default_rng(seed)
     reqs = []
     for i in range(requests):
@@ -280,7 +322,7 @@ def run_demo(spec_path: str, prefill: str, decode: str, engine: str, requests: i
     ranks += [(ROLE_DECODE, g, s, t) for g in range(topo.decode.dp)
               for s in range(topo.decode.pp) for t in range(topo.decode.tp)]
     print(f"pdc demo: {spec.family} {topo.describe()}; {len(ranks)} rank processes, "
-          f"{requests} requests", file=out)
+          f"{requests} requests" + (", streamed per layer" if stream else ""), file=out)
     t_start = time.monotonic()
     procs = Processes("pdc-demo-")
     for side, g, s, t in ranks:
@@ -317,11 +359,12 @@ def run_demo(spec_path: str, prefill: str, decode: str, engine: str, requests: i
     procs.join()
     wall = time.monotonic() - t_start
     procs.close()
-    return _report(outcome, reqs, wall, out)
+    return _report(outcome, reqs, wall, out, summary if summary is not None else {})
 
 
-def _report(outcome, reqs, wall, out) -> int:
+def _report(outcome, reqs, wall, out, summary: dict) -> int:
     ok, failed, reasons, nbytes, lat, desc, xfer = 0, 0, [], 0, [], 0, []
+    staged, links, batches = 0, 0, 0
     faulted = []
     for r in reqs:
         res = outcome.get(r.room, [])
@@ -338,6 +381,9 @@ def _report(outcome, reqs, wall, out) -> int:
             nbytes += sum(x[3] for x in dec)
             lat.append(max(x[4] for x in dec))
             desc += sum(x[4] for x in pre)
+            batches += sum(x[6] for x in pre)
+            staged += sum(x[5] for x in dec)
+            links += sum(x[6] for x in dec)
             xfer.append(max(x[5] for x in pre) if pre else 0.0)
         else:
             failed += 1
@@ -346,9 +392,14 @@ def _report(outcome, reqs, wall, out) -> int:
     p50 = np.percentile(lat, 50) * 1e3 if lat else 0.0
     p99 = np.percentile(lat, 99) * 1e3 if lat else 0.0
     busy = sum(xfer)
+    summary.update(ok=ok, failed=failed, bytes=nbytes, descriptors=desc, batches=batches,
+                   staged_links=staged, links=links, transfer_s=busy,
+                   gbps=nbytes / busy / 1e9 if busy else 0.0, wall_s=wall,
+                   p50_ms=float(p50), p99_ms=float(p99))
     rows = [("requests ok", f"{ok}"), ("requests failed", f"{failed}"),
             ("bytes moved", f"{nbytes / 2**20:.1f} MiB (every byte verified)"),
-            ("descriptors", f"{desc}"),
+            ("descriptors", f"{desc} in {batches} batches (staged path on {staged} of {links} "
+                            "links)"),
             ("transfer GB/s", f"{nbytes / busy / 1e9:.3f} (bytes / summed first-submit-to-done "
                               "time)" if busy else "n/a"),
             ("wall", f"{wall:.1f} s (labels, verification and process start included)"),

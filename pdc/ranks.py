@@ -102,13 +102,13 @@ def chunk_plan(tokens: int, chunk_tokens: int, page_size: int) -> list[Chunk]:
             for i, p0 in enumerate(starts)]
 
 
-def send_chunk(sender, ids: dict, c: Chunk) -> None:
+def send_chunk(sender, ids: dict, c: Chunk, stream: bool = False) -> None:
     """Queue one chunk on a PrefillSender; slot, ring, aux and window ids go with the last."""
     sender.send(ids["pages"][c.first_page:c.end_page], c.first_page, c.last, c.end_token,
                 slot=ids["slot"] if c.last else -1,
                 ring_slot=ids["ring"] if c.last else -1,
                 aux_row=ids["aux"] if c.last else -1,
-                window_page_ids=ids["window"] if c.last else None)
+                window_page_ids=ids["window"] if c.last else None, stream=stream)
 
 
 # ~~~ the parent ~~~

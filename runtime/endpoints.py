@@ -58,12 +58,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import integrity, knobs
+from . import integrity, knobs, staging
 from . import wire as W
 from .control import ControlError, Hub, bootstrap_call, fetch_table
 from .datapath import LocalBuffer, RemoteBuffer, build_descriptors, component_pairs
 from .engines.base import BatchState, TransferEngine, TransferError
-from .indices import DecodeTarget, IndexError_, PrefillChunk
+from .indices import DecodeTarget, IndexError_, PrefillChunk, check_capacity
 from .layout_types import FamilyLayout
 from .plan_types import Plan, RankId, dp_group_of_room
 from .pools import RankPools
@@ -119,8 +119,9 @@ class _Peer:
     """One incarnation of a registered decode rank."""
 
     def __init__(self, name: str, identity: bytes, agent_info: bytes, engine_peer: str,
-                 remote: dict, dp: int, rank: RankId):
+                 remote: dict, dp: int, rank: RankId, staging_arena: tuple[int, int] = (0, 0)):
         self.name = name
+        self.staging_arena = staging_arena  # (address, bytes) decode registered for staging
         self.identity = identity
         self.agent_info = agent_info
         self.engine_peer = engine_peer
@@ -133,10 +134,22 @@ class _Peer:
 
 
 @dataclass
+class _Staged:
+    """The staged part of one link of a request (Note [Staging layout])."""
+
+    remote_addr: int  # decode's region
+    nbytes: int
+    blocks: list  # staging.Block
+    local: np.ndarray | None = None  # this rank's gather buffer, same layout as the region
+    arena_offset: int | None = None  # where `local` sits in the arena; None: its own buffer
+
+
+@dataclass
 class _Target:
     target: DecodeTarget
     peer: _Peer  # the incarnation that asked: writes go to its memory only
     identity: bytes
+    staged: _Staged | None = None
 
 
 @dataclass
@@ -200,6 +213,11 @@ class PrefillEndpoint:
             for name, bufs in pools.buffers.items()
         }
         engine.register(pools.base, pools.nbytes)
+        # Gather buffers of the staged path; only the transfer worker touches the arena.
+        arena_bytes = knobs.get("staging_arena_bytes")
+        self.arena = staging.Arena(arena_bytes) if arena_bytes > 0 else None
+        if self.arena is not None:
+            engine.register(self.arena.base, len(self.arena.buf))
         self.lock = threading.Lock()
         self.rooms: dict[int, _Room] = {}
         self.finished: OrderedDict[int, _Final] = OrderedDict()
@@ -304,6 +322,7 @@ class PrefillEndpoint:
         self._stop.set()
         self.worker.join(timeout=5)
         self.hub.close()
+        _deregister_arena(self.engine, self.arena)
 
     def _new_room(self, room: int) -> _Room:
         r = self.rooms[room] = _Room(room)
@@ -408,7 +427,8 @@ class PrefillEndpoint:
             for comp, section in zip(self.layout.components, msg.sections, strict=True)
         }
         name = _peer_name("decode", msg.dp_group, msg.rank)
-        new = _Peer(name, identity, msg.agent_info, engine_peer, remote, msg.dp_group, msg.rank)
+        new = _Peer(name, identity, msg.agent_info, engine_peer, remote, msg.dp_group, msg.rank,
+                    (msg.staging_addr, msg.staging_bytes))
         with self.lock:
             if old is not None:
                 # A restarted decode rank: its earlier requests name pages of a process that
@@ -454,6 +474,9 @@ class PrefillEndpoint:
             np.asarray(msg.dst_page_ids, np.int64), int(msg.decode_prefix_tokens), msg.slot,
             msg.ring_slot, msg.aux_row, np.asarray(msg.window_page_ids, np.int64))
         why = _check_target(self.layout, peer.remote, target)
+        staged = None
+        if not why and msg.staging_bytes:
+            why, staged = self._check_staging(peer, rank, target, msg)
         with self.lock:
             r = self.rooms.get(room)
             if r is None:
@@ -496,9 +519,25 @@ class PrefillEndpoint:
                 self.counters["bad_index"] += 1
                 r.fail(f"bad index from decode {rank}: {why}")
                 return
-            r.targets[rank] = _Target(target, peer, identity)
+            r.targets[rank] = _Target(target, peer, identity, staged)
             if r.state < KVPoll.WaitingForInput:
                 r.state = KVPoll.WaitingForInput
+
+    def _check_staging(self, peer: _Peer, rank: RankId, target: DecodeTarget,
+                       msg) -> tuple[str, _Staged | None]:
+        """A staged request's region against decode's registered arena and the staging layout
+        this rank derives from the plan and the request (Note [Staging layout])."""
+        lo, size = peer.staging_arena
+        addr, nbytes = msg.staging_addr, msg.staging_bytes
+        if not (lo <= addr and addr + nbytes <= lo + size):
+            return (f"staging region {addr:#x}+{nbytes} is outside the staging arena decode "
+                    f"registered ({lo:#x}+{size})"), None
+        items = staging.request_items(self.layout, target, self.page_size)
+        blocks, need = staging.link_blocks(self.links[rank], items)
+        if nbytes != need:
+            return (f"staging region of {nbytes} bytes; this request's staging layout needs "
+                    f"{need} (both sides must lower the same plan)"), None
+        return "", _Staged(addr, nbytes, blocks)
 
     def _answer_retired(self, identity: bytes, room: int, gen: int, fin: _Final) -> None:
         """A request for a use that already ended (caller holds the lock)."""
@@ -694,18 +733,74 @@ class PrefillEndpoint:
         """Issue one chunk's writes (`layers`: only these; None: all) to every decode target."""
         for d, t in r.targets.items():
             pairs = component_pairs(self.layout, c.chunk, t.target, self.page_size)
-            desc = build_descriptors(self.links[d], self.local, t.peer.remote, pairs, layers)
-            if desc.count == 0:
+            desc = build_descriptors(self.links[d], self.local, t.peer.remote, pairs, layers,
+                                     whole_only=t.staged is not None)
+            src, dst, nbytes = desc.src, desc.dst, desc.nbytes
+            if t.staged is not None:
+                s2, d2, n2 = self._gather(c, t, self.links[d], layers)
+                src, dst, nbytes = (np.concatenate([a, b.astype(np.uint64)]) for a, b in
+                                    ((src, s2), (dst, d2), (nbytes, n2)))
+            if len(src) == 0:
                 continue
             if r.stats.batches == 0:
                 r.stats.t_init = time.monotonic()
-            batch = self.engine.submit_write(t.peer.engine_peer, desc.src, desc.dst,
-                                             desc.nbytes)
+            batch = self.engine.submit_write(t.peer.engine_peer, src, dst, nbytes)
+            total = int(nbytes.sum())
             r.inflight.append(batch)
-            r.stats.bytes += desc.total_bytes
-            r.stats.descriptors += desc.count
+            r.stats.bytes += total
+            r.stats.descriptors += len(src)
             r.stats.batches += 1
-            r.bytes_to[d] = r.bytes_to.get(d, 0) + desc.total_bytes
+            r.bytes_to[d] = r.bytes_to.get(d, 0) + total
+
+    def _gather(self, c: _Chunk, t: _Target, link, layers):
+        """Pack the chunk's pieces of the link's partial entries into this rank's gather
+        buffer at their staging offsets; one descriptor per contiguous stretch of it."""
+        st = t.staged
+        if st.local is None:
+            self._reserve_gather_buffer(st)
+        base = int(st.local.ctypes.data)
+        positions = staging.chunk_positions(self.layout, c.chunk, t.target, self.page_size)
+        offs, lens = [], []
+        for b, ids, j0, n in staging.chunk_block_ranges(st.blocks, link, positions, layers):
+            e = link.entries[b.entry]
+            if j0 + n > b.items:
+                raise IndexError_(f"'{e.component}' staging item {j0 + n - 1} is outside the "
+                                  f"{b.items} items decode asked for")
+            pool = self.pools.view(e.component, e.src_pos)
+            check_capacity(ids, pool.shape[0], f"prefill '{e.component}'")
+            tb = b.segment.total_bytes
+            at = b.offset + j0 * tb
+            staging.gather(pool, ids, b.segment, st.local[at:at + n * tb])
+            offs.append(at)
+            lens.append(n * tb)
+        offs_a = np.asarray(offs, np.int64)
+        return staging.merge_descriptors(base + offs_a, st.remote_addr + offs_a,
+                                         np.asarray(lens, np.int64))
+
+    def _reserve_gather_buffer(self, st: _Staged) -> None:
+        off = self.arena.alloc(st.nbytes) if self.arena is not None else None
+        if off is not None:
+            st.local, st.arena_offset = self.arena.view(off, st.nbytes), off
+            return
+        # The arena is full (or off): a buffer of its own, registered for this request only.
+        self.counters["staging_own_buffers"] += 1
+        st.local = np.zeros(max(st.nbytes, 1), np.uint8)
+        self.engine.register(int(st.local.ctypes.data), len(st.local))
+
+    def _free_gather_buffers(self, r: _Room, drained: bool) -> None:
+        """Give back the gather buffers of a retired use. Not after an undrained failure: a
+        stuck write may still read them (decode quarantines its side)."""
+        for t in r.targets.values():
+            st = t.staged
+            if st is None or st.local is None:
+                continue
+            if not drained:
+                self.counters["staging_bytes_stranded"] += st.nbytes
+            elif st.arena_offset is not None:
+                self.arena.release(st.arena_offset, st.nbytes)
+            else:
+                self.engine.deregister(int(st.local.ctypes.data))
+            st.local = None
 
     def _digest_chunk(self, r: _Room, c: _Chunk) -> None:
         """Add a complete chunk's source bytes to each link's digest (Note [Link digest])."""
@@ -728,6 +823,7 @@ class PrefillEndpoint:
                 page_start=r.last_range[0], page_count=r.last_range[1]))
                 for d, t in r.targets.items()]
             self.counters["succeeded"] += 1
+        self._free_gather_buffers(r, drained=True)
         for ident, st in sends:
             self._reply(ident, st)
         self._replay(parked)
@@ -761,6 +857,7 @@ class PrefillEndpoint:
                                                     prefill_rank=self.rank, drained=False)))
                 sends.append((ident, self._status(r.room, gen, KVPoll.Failed, reason)))
             self.counters["failed"] += 1
+        self._free_gather_buffers(r, drained)
         for ident, msg in sends:
             self._reply(ident, msg)
         self._replay(parked)
@@ -795,6 +892,17 @@ class PrefillEndpoint:
     def _replay(self, parked: list) -> None:
         for identity, msg in parked:
             self._on_request(identity, msg)
+
+
+def _deregister_arena(engine: TransferEngine, arena: staging.Arena | None) -> None:
+    """An endpoint registered its staging arena itself, so it deregisters it: an engine that
+    outlives the endpoint (the parity harness reuses engines) must not keep the range."""
+    if arena is None:
+        return
+    try:
+        engine.deregister(arena.base)
+    except (TransferError, KeyError):
+        pass  # the engine is already closed
 
 
 def _check_target(layout: FamilyLayout, remote: dict, t: DecodeTarget) -> str:
@@ -901,6 +1009,8 @@ class _Recv:
     released: bool = False
     suspect: bool = False  # in flight while this process was frozen (Note [Frozen decode])
     bytes: int = 0
+    staged: dict = field(default_factory=dict)  # source name -> (arena offset, bytes, blocks)
+    staged_links: int = 0  # links init() sent through the staged path
 
 
 class DecodeEndpoint:
@@ -916,6 +1026,12 @@ class DecodeEndpoint:
         self.page_size = plan.topology.decode.page_size
         self.bootstrap = bootstrap
         engine.register(pools.base, pools.nbytes)
+        # Staging regions handed to prefill ranks. Registered before agent_info(): NIXL peers
+        # only accept writes into memory listed in the metadata they received.
+        arena_bytes = knobs.get("staging_arena_bytes")
+        self.arena = staging.Arena(arena_bytes) if arena_bytes > 0 else None
+        if self.arena is not None:
+            engine.register(self.arena.base, len(self.arena.buf))
         self.lock = threading.Lock()
         self.recvs: dict[tuple[int, int], _Recv] = {}
         self.reg_state: dict[str, tuple[KVPoll, str]] = {}
@@ -946,7 +1062,9 @@ class DecodeEndpoint:
             side=W.PeerSide.DECODE, dp_group=dp_group, rank=rank,
             page_size=plan.topology.decode.page_size, plan_digest=bytes.fromhex(plan.digest()),
             agent_info=engine.agent_info(), control_endpoint="",
-            sections=self.wire.registration_sections(buffers))
+            sections=self.wire.registration_sections(buffers),
+            staging_addr=self.arena.base if self.arena is not None else 0,
+            staging_bytes=len(self.arena.buf) if self.arena is not None else 0)
         self._reg_payload = self.wire.encode(reg)
         for g in range(plan.topology.prefill.dp):
             for src in self.sources:
@@ -988,7 +1106,10 @@ class DecodeEndpoint:
             return out
 
     def close(self) -> None:
+        """Stop the control thread and give the staging arena back to the engine (the caller
+        owns the pools and deregisters them)."""
         self.hub.close()
+        _deregister_arena(self.engine, self.arena)
 
     def _sources_for(self, room: int) -> set[str]:
         g = dp_group_of_room(room, self.plan.topology.prefill.dp)
@@ -1029,9 +1150,56 @@ class DecodeEndpoint:
             rv.quarantined = True
             self.counters["quarantined"] += 1
 
+    def _stage(self, rv: _Recv, name: str, items: dict[str, int]) -> tuple[int, int]:
+        """Reserve a staging region for the link from `name` when its partial entries would
+        need many descriptors; (address, bytes), or (0, 0) for the direct path."""
+        link = self.links[self.source_rank[name]]
+        if self.arena is None or \
+                staging.partial_descriptors(link, items) <= knobs.get("staged_min_descriptors"):
+            return 0, 0
+        blocks, nbytes = staging.link_blocks(link, items)
+        off = self.arena.alloc(nbytes) if nbytes else None
+        if off is None:
+            self.counters["staging_full" if nbytes else "staging_empty"] += 1
+            return 0, 0
+        rv.staged[name] = (off, nbytes, blocks)
+        self.counters["staged_links"] += 1
+        return self.arena.base + off, nbytes
+
+    def _unstage(self, rv: _Recv) -> str:
+        """Scatter every staging region of a request into the pools (all sources are quiet:
+        they reported Success); returns why it could not."""
+        if not rv.staged:
+            return ""
+        ids = staging.target_ids(self.layout, rv.target, self.page_size)
+        try:
+            for name, (off, _, blocks) in rv.staged.items():
+                link = self.links[self.source_rank[name]]
+                for b in blocks:
+                    e = link.entries[b.entry]
+                    pool = self.pools.view(e.component, e.dst_pos)
+                    dst_ids = ids[e.component]
+                    check_capacity(dst_ids, pool.shape[0], f"decode '{e.component}'")
+                    tb = b.segment.total_bytes
+                    staging.scatter(pool, dst_ids, b.segment,
+                                    self.arena.view(off + b.offset, b.items * tb))
+        except (IndexError_, ValueError) as e:
+            return f"staged scatter: {e}"
+        finally:
+            self._free_staging(rv)
+        return ""
+
+    def _free_staging(self, rv: _Recv) -> None:
+        for off, nbytes, _ in rv.staged.values():
+            self.arena.release(off, nbytes)
+        rv.staged.clear()
+
     def _complete(self, rv: _Recv) -> None:
-        """Every source reported Success: verify, then Success. (The staged path scatters
-        its staging region into the pools here, before the checksum.)"""
+        """Every source reported Success: scatter staged bytes, verify, then Success."""
+        why = self._unstage(rv)
+        if why:
+            self._fail(rv, why)
+            return
         if knobs.get("checksum"):
             why = self._verify_checksums(rv)
             if why:
@@ -1152,6 +1320,8 @@ class DecodeEndpoint:
                     if rv.requested and not rv.quarantined and now > rv.abort_deadline and \
                             not rv.quiet >= rv.expected:
                         self._quarantine(rv)
+                    if rv.staged and self._page_state(rv) == PageState.REUSABLE:
+                        self._free_staging(rv)  # no source may write into it any more
                     continue
                 if rv.state == KVPoll.Success or not rv.requested:
                     continue
@@ -1217,12 +1387,9 @@ class DecodeReceiver:
         target = DecodeTarget(np.asarray(page_ids, np.int64), prefix_len, slot, ring_slot,
                               aux_row, np.asarray(window_page_ids if window_page_ids is not None
                                                   else [], np.int64))
-        msg = W.TransferRequest(
-            room=self.room, generation=self.generation, decode_rank=self.ep.rank,
-            dst_page_ids=target.page_ids, decode_prefix_tokens=prefix_len, slot=slot,
-            ring_slot=ring_slot, aux_row=aux_row, window_page_ids=target.window_page_ids)
-        payload = self.ep.wire.encode(msg)
-        with self.ep.lock:
+        ep = self.ep
+        items = staging.request_items(ep.layout, target, ep.page_size)
+        with ep.lock:
             rv = self._rv
             if rv.requested or rv.state in _TERMINAL:
                 raise ValueError(f"room {self.room}: init() after the request started or ended")
@@ -1230,9 +1397,15 @@ class DecodeReceiver:
             rv.requested = True
             rv.deadline = time.monotonic() + knobs.get("transfer_timeout_s")
             rv.state = KVPoll.WaitingForInput
-            names = sorted(rv.expected)
-        for name in names:
-            self.ep.hub.send(name, payload)
+            regions = {name: ep._stage(rv, name, items) for name in sorted(rv.expected)}
+            rv.staged_links = len(rv.staged)
+        for name, (addr, nbytes) in regions.items():
+            # One message per source: each link of a staged request has its own region.
+            ep.hub.send(name, ep.wire.encode(W.TransferRequest(
+                room=self.room, generation=self.generation, decode_rank=ep.rank,
+                dst_page_ids=target.page_ids, decode_prefix_tokens=prefix_len, slot=slot,
+                ring_slot=ring_slot, aux_row=aux_row, window_page_ids=target.window_page_ids,
+                staging_addr=addr, staging_bytes=nbytes)))
 
     def poll(self) -> KVPoll:
         with self.ep.lock:
@@ -1252,6 +1425,12 @@ class DecodeReceiver:
     def page_state(self) -> PageState:
         with self.ep.lock:
             return self.ep._page_state(self._rv)
+
+    @property
+    def links(self) -> tuple[int, int]:
+        """(links through the staged path, links) of this request on this decode rank."""
+        with self.ep.lock:
+            return self._rv.staged_links, len(self._rv.expected)
 
     @property
     def quarantined(self) -> bool:
@@ -1286,5 +1465,12 @@ class DecodeReceiver:
             if self.ep._page_state(rv) in (PageState.IN_USE, PageState.PENDING):
                 self.ep._fail(rv, "released before it finished")
                 self.ep._quarantine(rv)
+            if rv.staged and self.ep._page_state(rv) == PageState.REUSABLE:
+                self.ep._free_staging(rv)
+            elif rv.staged:
+                # Quarantined with the pages: a late write may still land in the region.
+                self.ep.counters["staging_bytes_quarantined"] += sum(
+                    n for _, n, _ in rv.staged.values())
+                rv.staged.clear()
             rv.released = True
             self.ep.recvs.pop((self.room, self.generation), None)

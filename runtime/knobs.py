@@ -67,8 +67,12 @@ KNOBS = {k.name: k for k in (
     Knob("control_queue_depth", 10000, "messages", "ZeroMQ high-water mark of each control "
          "connection; messages beyond it are dropped and counted, and the requests they "
          "belonged to fail by their deadlines"),
-    Knob("staged_min_descriptors", 4096, "descriptors", "a chunk whose direct path needs more "
-         "descriptors than this per peer goes through the staged (gather/scatter) path"),
+    Knob("staged_min_descriptors", 1024, "descriptors", "decode stages a request's partial "
+         "entries (head slices, sub-blocks) from one prefill rank when the direct path would "
+         "need more descriptors than this for them; 0 stages every partial entry"),
+    Knob("staging_arena_bytes", 512 << 20, "bytes", "registered staging arena of each rank "
+         "(decode: regions it hands to prefill; prefill: gather buffers); 0 turns the staged "
+         "path off. A request whose region does not fit on decode takes the direct path"),
     # ~~~ integrity ~~~
     Knob("checksum", 0, "0/1", "1: prefill sends a 64-bit digest of the bytes it wrote on "
          "each link with Success, decode recomputes it over its destination items and fails "

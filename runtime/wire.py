@@ -294,6 +294,10 @@ class Register:
     agent_info: bytes  # transfer engine peer info (Mooncake session id, NIXL agent metadata)
     control_endpoint: str  # ZeroMQ endpoint where this rank receives control messages
     sections: tuple[Section, ...]  # one per component of the family, in spec order
+    # Decode's registered staging arena (Note [Staging layout] in runtime/staging.py): every
+    # TransferRequest.staging region must lie inside it. 0 bytes: this rank never stages.
+    staging_addr: int = 0
+    staging_bytes: int = 0
 
     def __post_init__(self) -> None:
         s = object.__setattr__
@@ -319,6 +323,20 @@ class Register:
                 raise WireError(f"Register.sections[{i}]",
                                 f"must be a Section, got {type(sec).__name__}")
         s(self, "sections", sections)
+        addr, nbytes = _staging("Register", self.staging_addr, self.staging_bytes)
+        s(self, "staging_addr", addr)
+        s(self, "staging_bytes", nbytes)
+
+
+def _staging(msg: str, addr: object, nbytes: object) -> tuple[int, int]:
+    """A staging region (address, bytes): 0 bytes means none."""
+    addr = _uint(f"{msg}.staging_addr", addr, _U64)
+    nbytes = _uint(f"{msg}.staging_bytes", nbytes, _U64)
+    if nbytes and not addr:
+        raise WireError(f"{msg}.staging_addr", "0 is not a staging address")
+    if addr + nbytes > _U64 + 1:
+        raise WireError(f"{msg}.staging_bytes", f"{nbytes} bytes from {addr:#x} run past 2^64")
+    return addr, nbytes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -352,13 +370,7 @@ class TransferRequest:
         s(self, "slot", _opt_index("TransferRequest.slot", self.slot))
         s(self, "ring_slot", _opt_index("TransferRequest.ring_slot", self.ring_slot))
         s(self, "aux_row", _opt_index("TransferRequest.aux_row", self.aux_row))
-        addr = _uint("TransferRequest.staging_addr", self.staging_addr, _U64)
-        nbytes = _uint("TransferRequest.staging_bytes", self.staging_bytes, _U64)
-        if nbytes and not addr:
-            raise WireError("TransferRequest.staging_addr", "0 is not a staging address")
-        if addr + nbytes > _U64 + 1:
-            raise WireError("TransferRequest.staging_bytes",
-                            f"{nbytes} bytes from {addr:#x} run past 2^64")
+        addr, nbytes = _staging("TransferRequest", self.staging_addr, self.staging_bytes)
         s(self, "staging_addr", addr)
         s(self, "staging_bytes", nbytes)
         s(self, "dst_page_ids", _id_array("TransferRequest.dst_page_ids", self.dst_page_ids))
@@ -739,6 +751,8 @@ def _write_register(w: Writer, m: Register, components: Sequence[WireComponent])
     w.raw("Register.plan_digest", m.plan_digest)
     w.blob("Register.agent_info", m.agent_info)
     w.text("Register.control_endpoint", m.control_endpoint)
+    w.u64("Register.staging_addr", m.staging_addr)
+    w.u64("Register.staging_bytes", m.staging_bytes)
     w.u16("Register.sections.count", len(m.sections))
     for i, (sec, comp) in enumerate(zip(m.sections, components, strict=True)):
         at = f"Register.sections[{i}]"
@@ -758,6 +772,8 @@ def _read_register(r: Reader, components: Sequence[WireComponent]) -> Register:
     digest = r.raw("Register.plan_digest", PLAN_DIGEST_BYTES)
     agent = r.blob("Register.agent_info", MAX_AGENT_INFO_BYTES)
     endpoint = r.text("Register.control_endpoint", MAX_ENDPOINT_BYTES)
+    staging_addr = r.u64("Register.staging_addr")
+    staging_bytes = r.u64("Register.staging_bytes")
     n_sections = r.u16("Register.sections.count")
     if n_sections != len(components):
         raise WireError("Register.sections.count",
@@ -786,7 +802,8 @@ def _read_register(r: Reader, components: Sequence[WireComponent]) -> Register:
         sections.append(Section(component=comp.name, entries=tuple(entries)))
     return Register(side=side, dp_group=dp_group, rank=rank, page_size=page_size,
                     plan_digest=digest, agent_info=agent, control_endpoint=endpoint,
-                    sections=tuple(sections))
+                    sections=tuple(sections), staging_addr=staging_addr,
+                    staging_bytes=staging_bytes)
 
 
 def _write_transfer_request(w: Writer, m: TransferRequest, _c: object) -> None:

@@ -20,6 +20,7 @@ GOALS = {
     "control_cost": {"d_staged_target_us", "d_staged_8k_max_us", "d_staged_met",
                      "d_per_desc_target_speedup", "d_per_desc_met"},
     "streaming": {"e_target", "e_by_case", "e_met_by_best_path"},
+    "endpoints": {"staged_faster_in_every_case"},
 }
 ROW_KEYS = {
     "kernels": {"case", "ms", "gbps", "copy_gbps", "ratio_to_copy"},
@@ -27,6 +28,7 @@ ROW_KEYS = {
     "hetero_tp": {"case", "ms", "gbps"},
     "control_cost": {"tokens", "page", "layout", "system", "path", "us"},
     "streaming": {"case", "ms"},
+    "endpoints": {"case", "path", "descriptors", "batches", "gbps"},
 }
 
 

@@ -49,6 +49,53 @@ def test_demo_moves_every_byte(engine, spec, prefill, decode):
     assert "requests ok      5" in out.getvalue()
 
 
+STAGED = [
+    ("mooncake", QWEN, "tp=2", "tp=1"),
+    ("mooncake", LLAMA, "tp=1,pp=2", "tp=2"),
+    ("nixl", LLAMA, "tp=2", "tp=1"),
+]
+
+
+@pytest.mark.parametrize("engine,spec,prefill,decode", STAGED,
+                         ids=[f"{e}-{s.split('/')[-1][:-5]}-{p}-{d}" for e, s, p, d in STAGED])
+def test_staged_path_moves_head_slices_in_few_descriptors(engine, spec, prefill, decode,
+                                                          monkeypatch):
+    """Heterogeneous TP: the same requests with the staging arena off (direct path, one
+    descriptor per head-slice piece) and on (gather, bulk write, scatter); both verified."""
+    runs = {}
+    for arena in ("0", str(512 << 20)):
+        monkeypatch.setenv("PDC_STAGING_ARENA_BYTES", arena)  # the rank processes inherit it
+        out, got = io.StringIO(), {}
+        code = run_demo(spec, prefill, decode, engine, requests=6, concurrency=3, seed=4,
+                        out=out, timeout_s=30, summary=got)
+        assert code == 0 and got["ok"] == 6, out.getvalue()
+        runs[arena] = got
+    direct, staged = runs.values()
+    assert direct["bytes"] == staged["bytes"]
+    assert direct["staged_links"] == 0 and staged["staged_links"] == staged["links"] > 0
+    assert staged["descriptors"] * 20 < direct["descriptors"], (direct, staged)
+
+
+@pytest.mark.parametrize("engine,spec,prefill,decode", [
+    ("mooncake", QWEN, "tp=2", "tp=1"),
+    ("nixl", GLM, "tp=1,pp=2", "tp=1"),
+])
+def test_per_layer_streaming_sends_each_layer_as_the_forward_finishes_it(engine, spec, prefill,
+                                                                          decode):
+    """Prefill sends with stream=True and calls layer_done per layer, then forward_done: a
+    request that issues nothing for a finished layer, or succeeds before forward_done, fails
+    the demo (pdc.demo._play_forward); every byte is verified as always."""
+    out, got = io.StringIO(), {}
+    code = run_demo(spec, prefill, decode, engine, requests=4, concurrency=2, seed=6, out=out,
+                    timeout_s=30, stream=True, summary=got)
+    assert code == 0 and got["ok"] == 4, out.getvalue()
+    assert "streamed per layer" in out.getvalue()
+    layout, plan = plan_for(spec, {k: int(v) for k, v in (x.split("=") for x in
+                                                          prefill.split(","))}, {"tp": 1})
+    moved = {e.layer_id for lk in plan.links for e in lk.entries} & set(layout.all_layer_ids)
+    assert got["batches"] >= 4 * len(moved)  # at least one batch per request and layer
+
+
 def test_nixl_rejects_heterogeneous_qwen38_attention_tp(capsys):
     assert run_demo(QWEN, "tp=2", "tp=1", "nixl", requests=1) == 1
     assert "rule `hetero_attention_tp: false`" in capsys.readouterr().err

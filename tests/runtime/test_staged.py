@@ -1,0 +1,212 @@
+"""The staged path through the endpoints, in one process: prefill tp=1 -> decode tp=2 of the
+tiny family, so every KV page and conv slot moves as head slices and sub-blocks.
+
+The oracle is the direct path: the same request moved both ways must leave the same bytes on
+every decode rank. tests/runtime/test_e2e.py runs the staged path over Mooncake and NIXL.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from pdc.runtime import knobs
+from pdc.runtime.control import BootstrapServer
+from pdc.runtime.endpoints import DecodeEndpoint, KVPoll, PageState, PrefillEndpoint
+from pdc.runtime.plan_types import RankId
+
+from .failure_tools import R0, Family, ManualEngine, tight_knobs, wait_for
+
+POISON = 0xA5
+PAGE = 4  # tokens per page of the tiny family
+
+
+class Split:
+    """One prefill rank (tp=1) and two decode ranks (tp=2), each with its own engine."""
+
+    def __init__(self, fam: Family, decode_arena_bytes: int | None = None):
+        self.fam = fam
+        self.boot = BootstrapServer(1)
+        self.peng = ManualEngine()
+        self.ppools = fam.pools("prefill")
+        self.pre = PrefillEndpoint(fam.layout, fam.wire, fam.plan, R0, 0, self.peng,
+                                   self.ppools, self.boot.address)
+        if decode_arena_bytes is not None:
+            knobs.override(staging_arena_bytes=decode_arena_bytes)
+        self.dpools = [fam.pools("decode", RankId(0, t)) for t in range(2)]
+        self.decs = [DecodeEndpoint(fam.layout, fam.wire, fam.plan, RankId(0, t), 0,
+                                    ManualEngine(), self.dpools[t], self.boot.address)
+                     for t in range(2)]
+        for d in self.decs:
+            d.wait_ready(5)
+        rng = np.random.default_rng(7)
+        self.ppools.arena[:] = rng.integers(0, 256, self.ppools.nbytes, dtype=np.uint8)
+        for p in self.dpools:
+            p.arena[:] = POISON
+
+    def request(self, room: int, dpages, dslot: int, prefix_tokens: int = 0, gen: int = 0):
+        """Prefill pages 0..2 (chunks [0, 1] and [2]) and slot 0 into `dpages` / `dslot`."""
+        rvs = [d.receiver(room, gen) for d in self.decs]
+        for rv in rvs:
+            rv.init(dpages, prefix_tokens, slot=dslot, aux_row=dslot)
+        s = self.pre.sender(room, gen)
+        s.send([0, 1], 0, False, 2 * PAGE)
+        s.send([2], 2, True, 3 * PAGE - 1, slot=0, aux_row=0)
+        return s, rvs
+
+    def items(self, t: int, pages, slot: int) -> list[np.ndarray]:
+        """Copies of a request's items on decode rank t, in a fixed order."""
+        out = []
+        for name, bufs in self.dpools[t].buffers.items():
+            ids = list(pages) if name == "kv" else [slot]
+            out += [self.dpools[t].view(name, pos)[ids].copy() for pos in range(len(bufs))]
+        return out
+
+    def close(self) -> None:
+        for d in self.decs:
+            d.close()
+        self.pre.close()
+        self.boot.close()
+
+
+@pytest.fixture(scope="module")
+def fam():
+    return Family({"tp": 1}, {"tp": 2})
+
+
+@pytest.fixture
+def split(fam):
+    tight_knobs()
+    s = Split(fam)
+    yield s
+    s.close()
+    knobs.reset()
+
+
+def _done(rvs) -> bool:
+    return all(rv.poll() == KVPoll.Success for rv in rvs)
+
+
+def test_staged_request_lands_the_same_bytes_as_the_direct_path(split):
+    knobs.override(staged_min_descriptors=0)
+    s_staged, staged = split.request(20, [9, 3, 11], 2, prefix_tokens=PAGE)
+    wait_for(lambda: _done(staged), what="the staged request")
+    knobs.override(staged_min_descriptors=10**9)
+    s_direct, direct = split.request(21, [4, 12, 6], 3, prefix_tokens=PAGE)
+    wait_for(lambda: _done(direct), what="the direct request")
+    assert [rv.links for rv in staged] == [(1, 1), (1, 1)]
+    assert [rv.links for rv in direct] == [(0, 1), (0, 1)]
+    for t in range(2):
+        # The prefix page (position 0) is decode's own: untouched on both paths.
+        assert np.all(split.dpools[t].view("kv", 0)[[9, 4]] == POISON)
+        got = split.items(t, [3, 11], 2)
+        want = split.items(t, [12, 6], 3)
+        assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+        assert not any(np.all(a == POISON) for a in got)
+        # Each region went back to the arena after the scatter.
+        arena = split.decs[t].arena
+        assert arena.free == [(0, len(arena.buf))]
+    assert s_staged.stats.descriptors < s_direct.stats.descriptors
+    assert split.pre.arena.free == [(0, len(split.pre.arena.buf))]
+
+
+def test_a_full_decode_arena_falls_back_to_the_direct_path(fam):
+    tight_knobs(staged_min_descriptors=0)
+    split = Split(fam, decode_arena_bytes=64)
+    try:
+        _, rvs = split.request(22, [1, 2, 3], 1)
+        wait_for(lambda: _done(rvs), what="the request")
+        assert [rv.links for rv in rvs] == [(0, 1), (0, 1)]
+        assert split.decs[0].stats()["staging_full"] == 1
+    finally:
+        split.close()
+        knobs.reset()
+
+
+def test_prefill_without_an_arena_gathers_into_a_buffer_of_its_own(fam):
+    tight_knobs(staged_min_descriptors=0, staging_arena_bytes=0)  # prefill: no arena
+    split = Split(fam, decode_arena_bytes=1 << 20)
+    try:
+        _, rvs = split.request(23, [1, 2, 3], 1)
+        wait_for(lambda: _done(rvs), what="the request")
+        assert [rv.links for rv in rvs] == [(1, 1), (1, 1)]
+        assert split.pre.stats()["staging_own_buffers"] == 2  # one per decode rank
+        knobs.override(staged_min_descriptors=10**9)
+        _, direct = split.request(24, [5, 6, 7], 2)
+        wait_for(lambda: _done(direct), what="the direct request")
+        for t in range(2):
+            got, want = split.items(t, [1, 2, 3], 1), split.items(t, [5, 6, 7], 2)
+            assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+    finally:
+        split.close()
+        knobs.reset()
+
+
+@pytest.mark.parametrize("region,reason", [
+    ("outside", "staging region {addr:#x}+{n} is outside the staging arena decode registered "
+                "({base:#x}+{size})"),
+    ("short", "staging region of {n} bytes; this request's staging layout needs {need} (both "
+              "sides must lower the same plan)"),
+])
+def test_a_bad_staging_region_fails_that_request_before_any_write(split, region, reason):
+    """A decode rank that names memory outside its registered arena, or a region of another
+    size than the plan's staging layout, gets its request refused; nothing is written."""
+    knobs.override(staged_min_descriptors=0)
+    dec = split.decs[1]
+    real = dec._stage
+    seen = {}
+
+    def bad_stage(rv, name, items):
+        addr, n = real(rv, name, items)
+        seen["need"] = n
+        if region == "outside":
+            addr = dec.arena.base + len(dec.arena.buf) - n + 64
+        else:
+            n -= 1
+        seen["addr"], seen["n"] = addr, n
+        return addr, n
+
+    dec._stage = bad_stage
+    s, rvs = split.request(25, [1, 2, 3], 1)
+    wait_for(lambda: all(rv.poll() == KVPoll.Failed for rv in rvs), what="the refusal")
+    why = reason.format(base=dec.arena.base, size=len(dec.arena.buf), **seen)
+    assert rvs[1].reason == f"prefill.dp0.pp0.tp0: bad index from decode pp0.tp1: {why}"
+    assert split.peng.submitted == 0
+    for t in range(2):
+        assert all(np.all(a == POISON) for a in split.items(t, [1, 2, 3], 1))
+    wait_for(lambda: all(rv.page_state == PageState.REUSABLE for rv in rvs), what="reusable")
+    for d in split.decs:
+        d._tick()  # frees regions of failed requests whose sources are quiet
+        assert d.arena.free == [(0, len(d.arena.buf))]
+
+
+def test_an_aborted_staged_request_frees_its_region_only_after_the_drain(split):
+    knobs.override(staged_min_descriptors=0)
+    split.peng.hold = True
+    s, rvs = split.request(26, [1, 2, 3], 1)
+    wait_for(lambda: len(split.peng.held) >= 2, what="writes in flight")
+    arena = split.decs[0].arena
+    assert arena.free != [(0, len(arena.buf))]
+    assert rvs[0].abort(wait=False) is False
+    time.sleep(0.2)
+    split.decs[0]._tick()
+    assert arena.free != [(0, len(arena.buf))]  # prefill may still write into it
+    split.peng.release()
+    wait_for(lambda: rvs[0].page_state == PageState.REUSABLE, what="the drain ack")
+    wait_for(lambda: arena.free == [(0, len(arena.buf))], what="the region freed")
+    wait_for(lambda: split.pre.arena.free == [(0, len(split.pre.arena.buf))],
+             what="the gather buffers freed")
+
+
+def test_a_quarantined_staged_request_keeps_its_region(split):
+    knobs.override(staged_min_descriptors=0)
+    split.peng.hold = True
+    _, rvs = split.request(27, [1, 2, 3], 1)
+    wait_for(lambda: len(split.peng.held) >= 2, what="writes in flight")
+    assert rvs[0].abort() is False  # no ack within abort_ack_timeout_s: quarantined
+    dec = split.decs[0]
+    rvs[0].release()
+    assert dec.stats()["staging_bytes_quarantined"] > 0
+    assert dec.arena.free != [(0, len(dec.arena.buf))]  # never handed out again
+    split.peng.release()
