@@ -224,6 +224,7 @@ class PrefillEndpoint:
         # Streaming sends every real layer and every sentinel once the forward is done.
         self._all_ids = {i for i, _ in layout.kind_of} | {
             c.sentinel for c in layout.components if c.request_wide}
+        self._waiting_events: list = []  # (event, mark, chunks) of layer_done / forward_done
         self.peers: dict[tuple[int, RankId], _Peer] = {}
         self.by_identity: dict[bytes, _Peer] = {}
         self.engine_peers: set[bytes] = set()  # agent infos connected (max_registrations)
@@ -287,20 +288,47 @@ class PrefillEndpoint:
                   retired=True)
         return PrefillSender(self, r)
 
-    def layer_done(self, layer_id: int) -> None:
-        """The forward finished writing `layer_id` for every streaming chunk sent so far."""
-        with self.lock:
-            for r in self._uses():
-                for c in r.chunks:
-                    if c.stream:
-                        c.ready_layers.add(layer_id)
+    def layer_done(self, layer_id: int, event=None) -> None:
+        """The forward finished writing `layer_id` for every streaming chunk sent so far.
 
-    def forward_done(self) -> None:
-        """The forward finished: every streaming chunk sent so far is complete."""
+        On a GPU the kernels are only queued when the forward returns from a layer: pass the
+        CUDA event recorded after it (anything with `query()`); the worker issues the layer's
+        writes once the event has completed, and never blocks the forward's thread."""
+        self._mark(event, lambda c: c.ready_layers.add(layer_id))
+
+    def forward_done(self, event=None) -> None:
+        """The forward finished: every streaming chunk sent so far is complete (once `event`,
+        if given, has completed)."""
+        self._mark(event, lambda c: setattr(c, "all_ready", True))
+
+    def _mark(self, event, mark) -> None:
         with self.lock:
-            for r in self._uses():
-                for c in r.chunks:
-                    c.all_ready = True
+            uses = [(r, [c for c in r.chunks if c.stream]) for r in self._uses()]
+            if event is None:
+                for _, chunks in uses:
+                    for c in chunks:
+                        mark(c)
+            else:
+                self._waiting_events.append((event, mark, uses))
+
+    def _poll_events(self) -> None:
+        """Apply layer_done / forward_done calls whose CUDA events completed, in call order
+        (a later layer's event never overtakes an earlier one's)."""
+        with self.lock:
+            while self._waiting_events:
+                event, mark, uses = self._waiting_events[0]
+                try:
+                    if not event.query():
+                        return
+                except Exception as e:  # noqa: BLE001 - a broken forward fails its requests
+                    for r, _ in uses:
+                        r.fail(f"the forward's event for this layer failed: {e!r}")
+                    self._waiting_events.pop(0)
+                    continue
+                self._waiting_events.pop(0)
+                for _, chunks in uses:
+                    for c in chunks:
+                        mark(c)
 
     def _uses(self):
         for r in self.rooms.values():
@@ -624,8 +652,11 @@ class PrefillEndpoint:
         sleep_s = knobs.get("poll_sleep_s")
         while not self._stop.is_set():
             busy = waiting = False
+            if self._waiting_events:
+                self._poll_events()
             with self.lock:
                 rooms = list(self.rooms.values())
+                waiting = bool(self._waiting_events)
             for r in rooms:
                 try:
                     busy |= self._advance(r)
