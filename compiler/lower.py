@@ -261,4 +261,5 @@ def lower(layout: FamilyLayout, topo: Topology, backends: tuple[BackendRule, ...
         Link(src, dst, tuple(entries), tuple(elected.get((src, dst), ())))
         for (src, dst), entries in sorted(links.items())
     )
-    return Plan(layout.family, topo, pre, dec, out)
+    return Plan(layout.family, topo, pre, dec, out,
+                tuple((c.name, c.dtype) for c in layout.components))

@@ -134,6 +134,9 @@ class Plan:
     prefill: tuple[Registration, ...]
     decode: tuple[Registration, ...]
     links: tuple[Link, ...]
+    # (component, dtype) in spec order: item bytes alone would let a bf16 side and an fp16
+    # side of equal sizes pass the handshake, and the plan digest is what the handshake checks.
+    dtypes: tuple[tuple[str, str], ...] = ()
     _index: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def links_to(self, decode: RankId) -> tuple[Link, ...]:
@@ -188,7 +191,8 @@ class Plan:
                 for e in lk["entries"]), tuple(lk["elected_for"]))
             for lk in d["links"])
         return Plan(d["family"], topo, tuple(reg(r) for r in d["prefill"]),
-                    tuple(reg(r) for r in d["decode"]), links)
+                    tuple(reg(r) for r in d["decode"]), links,
+                    tuple((n, t) for n, t in d.get("dtypes", ())))
 
 
 def dp_group_of_room(room: int, dp: int) -> int:

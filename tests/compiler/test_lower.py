@@ -194,3 +194,26 @@ def test_indivisible_tp_is_rejected():
     msg = _rejection(LLAMA, {"tp": 3}, {"tp": 2}, "mooncake")
     assert "attention TP sizes 3 and 2 do not divide each other" in msg
     assert "component 'kv' cannot be sharded over prefill tp=3" in msg
+
+
+def test_plan_digest_covers_dtypes_of_equal_size():
+    """bfloat16 and float16 items have equal bytes; the handshake must still tell them apart."""
+    from pdc.compiler.frontend import load_spec
+    from pdc.compiler.layout import build_layout
+    from pdc.compiler.lower import lower
+    from pdc.compiler.topology import topology_from_args
+    from pdc.runtime.plan_types import Plan
+
+    plans = []
+    for dtype in ("bfloat16", "float16"):
+        spec = load_spec(ROOT / "specs" / "hf-llama.yaml", dtypes={"model": dtype})
+        layout = build_layout(spec)
+        topo, errs = topology_from_args(layout, "tp=1", "tp=1", "mooncake")
+        assert errs == []
+        plans.append(lower(layout, topo, spec.backends))
+    bf16, fp16 = plans
+    assert bf16.registration("decode", RankId(0, 0)).components == \
+        fp16.registration("decode", RankId(0, 0)).components  # same names, entries, bytes
+    assert dict(bf16.dtypes)["kv"] == "bfloat16" and dict(fp16.dtypes)["kv"] == "float16"
+    assert bf16.digest() != fp16.digest()
+    assert Plan.from_json(bf16.to_json()).digest() == bf16.digest()
