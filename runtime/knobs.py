@@ -47,8 +47,6 @@ KNOBS = {k.name: k for k in (
          "(a restarted prefill rank)"),
     Knob("poll_sleep_s", 0.0002, "s", "idle sleep of the transfer worker between polls"),
     # ~~~ limits (everything keyed by peer input is capped) ~~~
-    Knob("max_descriptors_per_submit", 1024, "entries", "engine batches are split at this "
-         "size (Mooncake's per-peer TCP queue holds 1024)"),
     Knob("max_message_bytes", 64 << 20, "bytes", "control messages above this are refused "
          "by ZeroMQ before decoding (the sending connection is dropped)"),
     Knob("max_pending_rooms", 65536, "rooms", "live rooms a prefill rank tracks at once; a "

@@ -110,13 +110,16 @@ def test_frozen_ranks_fail_only_their_requests_and_wake_up_harmless():
 
 
 def test_soak_across_four_rank_pairs():
-    """Hetero TP (prefill tp=2 x dp=2 -> decode tp=1 x dp=4), chunked prefill, prefix hits,
-    aborts and re-runs, bad page ids from decode, link checksums on."""
+    """Hetero TP (prefill tp=2 x dp=2 -> decode tp=1 x dp=4) through the staged path (every
+    link of every request), chunked prefill, prefix hits, aborts and re-runs, bad page ids
+    from decode, link checksums on."""
     r = run(RelConfig(spec=TINY, prefill="tp=2,dp=2", decode="tp=1,dp=4", requests=500,
-                      abort_rate=0.1, bad_index_rate=0.02, concurrency=6, knobs=SOAK),
+                      abort_rate=0.1, bad_index_rate=0.02, concurrency=6,
+                      knobs=dict(SOAK, staged_min_descriptors=0)),
             out=io.StringIO())
     assert_clean(r)
     assert r.requests == 500
+    assert r.totals["staged_links"] >= 2 * 450, r.summary()  # two links per request
     for reason in set(r.reasons) - {ABORTED}:
         assert BAD_INDEX.fullmatch(reason), reason
     assert r.totals.get("checksum_mismatches", 0) == 0
