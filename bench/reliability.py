@@ -12,8 +12,9 @@ Scenarios (each one run of pdc.reliability; a count of 0 skips it):
           rank (each restarted), SIGSTOP of a decode and of a prefill rank (each resumed after
           it was declared dead), all mid-transfer, while the others go on.
 - soak:   prefill tp=2 x dp=2 -> decode tp=1 x dp=4 (4 rank pairs, heterogeneous TP),
-          chunked prefill, prefix hits, 10 % aborts with re-runs, 2 % bad page ids from
-          decode, link checksums on.
+          every link through the staged path (staged_min_descriptors=0), chunked prefill,
+          prefix hits, 10 % aborts with re-runs, 2 % bad page ids from decode, link
+          checksums on.
 - fuzz:   garbage, mutated, truncated and foreign-fingerprint messages, impersonation,
           unknown rooms, registration floods and oversized messages against the prefill rank
           while verified requests go on.
@@ -44,7 +45,7 @@ KNOBS = dict(heartbeat_interval_s=0.1, peer_dead_after_s=2.5, abort_ack_timeout_
 # Eight rank processes: on a 2-core box a control thread can go ~1 s without running
 # (endpoint stats: max_stall_ms), so the soak, which is about load, detects failures slower.
 SOAK = dict(KNOBS, peer_dead_after_s=10.0, abort_ack_timeout_s=10.0, transfer_timeout_s=30.0,
-            prefill_room_timeout_s=60.0)
+            prefill_room_timeout_s=60.0, staged_min_descriptors=0)
 
 
 def scenarios(args) -> list[tuple[str, RelConfig]]:
