@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every bench/ script on a machine with two GPUs and writes their JSON under OUT.
 #
-#   bash bench/run_gpu.sh OUT [script ...]      # default: all five
+#   bash bench/run_gpu.sh OUT [script ...]      # default: all five; "none": no script
 #
 # Works on a bare image without installing pdc: a pdc/ folder whose stage packages are links to
 # the repository's folders goes first on PYTHONPATH (setup.py maps them the same way). Wheels in
@@ -35,8 +35,10 @@ cat "$OUT/env.txt"
 SCRIPTS=("$@")
 if [ ${#SCRIPTS[@]} -eq 0 ]; then
   SCRIPTS=(kernels p2p_request hetero_tp streaming control_cost)
+elif [ "${SCRIPTS[0]}" = none ]; then
+  SCRIPTS=()
 fi
-for name in "${SCRIPTS[@]}"; do
+for name in "${SCRIPTS[@]+"${SCRIPTS[@]}"}"; do
   extra=()
   if [ "$name" = control_cost ]; then extra=(--real); fi
   echo "=== $name $(date -u +%T)"
@@ -50,6 +52,6 @@ if [ "${RUN_GPU_TESTS:-0}" = 1 ]; then
   REPO=$PWD
   (cd /tmp && timeout 120 python3 -m pytest -q -p no:cacheprovider --import-mode=append \
     --rootdir "$REPO" -m gpu "$REPO/tests/bench/test_local_device_engine.py" \
-    "$REPO/tests/runtime/test_copy_kernels.py")
+    "$REPO/tests/runtime/test_copy_kernels.py" "$REPO/tests/runtime/test_staged.py")
   echo "=== gpu tests exit $? $(date -u +%T)"
 fi

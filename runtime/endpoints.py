@@ -66,7 +66,7 @@ from .engines.base import BatchState, TransferEngine, TransferError
 from .indices import DecodeTarget, IndexError_, PrefillChunk, check_capacity
 from .layout_types import FamilyLayout
 from .plan_types import Plan, RankId, dp_group_of_room
-from .pools import RankPools
+from .pools import RankPools, address
 
 REG_ROOM = 2**64 - 1
 
@@ -214,10 +214,7 @@ class PrefillEndpoint:
         }
         engine.register(pools.base, pools.nbytes)
         # Gather buffers of the staged path; only the transfer worker touches the arena.
-        arena_bytes = knobs.get("staging_arena_bytes")
-        self.arena = staging.Arena(arena_bytes) if arena_bytes > 0 else None
-        if self.arena is not None:
-            engine.register(self.arena.base, len(self.arena.buf))
+        self.arena = _staging_arena(engine, pools)
         self.lock = threading.Lock()
         self.rooms: dict[int, _Room] = {}
         self.finished: OrderedDict[int, _Final] = OrderedDict()
@@ -789,7 +786,7 @@ class PrefillEndpoint:
         st = t.staged
         if st.local is None:
             self._reserve_gather_buffer(st)
-        base = int(st.local.ctypes.data)
+        base = address(st.local)
         positions = staging.chunk_positions(self.layout, c.chunk, t.target, self.page_size)
         offs, lens = [], []
         for b, ids, j0, n in staging.chunk_block_ranges(st.blocks, link, positions, layers):
@@ -804,6 +801,8 @@ class PrefillEndpoint:
             staging.gather(pool, ids, b.segment, st.local[at:at + n * tb])
             offs.append(at)
             lens.append(n * tb)
+        if offs:
+            self.pools.sync()  # the engine reads the gather buffer as soon as it is submitted
         offs_a = np.asarray(offs, np.int64)
         return staging.merge_descriptors(base + offs_a, st.remote_addr + offs_a,
                                          np.asarray(lens, np.int64))
@@ -815,8 +814,8 @@ class PrefillEndpoint:
             return
         # The arena is full (or off): a buffer of its own, registered for this request only.
         self.counters["staging_own_buffers"] += 1
-        st.local = np.zeros(max(st.nbytes, 1), np.uint8)
-        self.engine.register(int(st.local.ctypes.data), len(st.local))
+        st.local = self.pools.new_bytes(max(st.nbytes, 1))
+        self.engine.register(address(st.local), len(st.local))
 
     def _free_gather_buffers(self, r: _Room, drained: bool) -> None:
         """Give back the gather buffers of a retired use. Not after an undrained failure: a
@@ -830,7 +829,7 @@ class PrefillEndpoint:
             elif st.arena_offset is not None:
                 self.arena.release(st.arena_offset, st.nbytes)
             else:
-                self.engine.deregister(int(st.local.ctypes.data))
+                self.engine.deregister(address(st.local))
             st.local = None
 
     def _digest_chunk(self, r: _Room, c: _Chunk) -> None:
@@ -923,6 +922,16 @@ class PrefillEndpoint:
     def _replay(self, parked: list) -> None:
         for identity, msg in parked:
             self._on_request(identity, msg)
+
+
+def _staging_arena(engine: TransferEngine, pools: RankPools) -> staging.Arena | None:
+    """The rank's staging arena, in the pools' memory (host or device), registered."""
+    nbytes = knobs.get("staging_arena_bytes")
+    if nbytes <= 0:
+        return None
+    arena = staging.Arena(nbytes, pools.new_bytes(max(nbytes, staging.Arena.ALIGN)))
+    engine.register(arena.base, len(arena.buf))
+    return arena
 
 
 def _deregister_arena(engine: TransferEngine, arena: staging.Arena | None) -> None:
@@ -1059,10 +1068,7 @@ class DecodeEndpoint:
         engine.register(pools.base, pools.nbytes)
         # Staging regions handed to prefill ranks. Registered before agent_info(): NIXL peers
         # only accept writes into memory listed in the metadata they received.
-        arena_bytes = knobs.get("staging_arena_bytes")
-        self.arena = staging.Arena(arena_bytes) if arena_bytes > 0 else None
-        if self.arena is not None:
-            engine.register(self.arena.base, len(self.arena.buf))
+        self.arena = _staging_arena(engine, pools)
         self.lock = threading.Lock()
         self.recvs: dict[tuple[int, int], _Recv] = {}
         self.reg_state: dict[str, tuple[KVPoll, str]] = {}
@@ -1214,6 +1220,7 @@ class DecodeEndpoint:
                     tb = b.segment.total_bytes
                     staging.scatter(pool, dst_ids, b.segment,
                                     self.arena.view(off + b.offset, b.items * tb))
+            self.pools.sync()  # Success means the bytes are in the pools
         except (IndexError_, ValueError) as e:
             return f"staged scatter: {e}"
         finally:

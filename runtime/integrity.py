@@ -104,6 +104,8 @@ def link_digest(room: int, generation: int, link: Link, views: Views,
         view = views(e.component, e.src_pos if side == "src" else e.dst_pos)
         cols = _columns(e, side)
         rows = view[ids] if cols is None else view[ids[:, None], cols[None, :]]
+        if not isinstance(rows, np.ndarray):  # device pools (pools.TensorPools): rows only
+            rows = rows.cpu().numpy()
         with np.errstate(over="ignore"):
             keys = _mix(np.asarray(dst_ids, np.uint64) + key * _U(k + 1) + _U(k))
             total += _mix(_row_hashes(rows) ^ keys).sum(dtype=np.uint64)

@@ -4,6 +4,10 @@ A serving engine brings its own pools; the demo, the tests and the parity harnes
 these. Capacity is counted in items of the component's index kind: pages (page, window),
 slots (slot), rows (ring: slots * R) and aux rows. Every buffer starts on a 4 KiB boundary
 of the arena so engines can register the arena once.
+
+`RankPools` keeps the arena in host memory (numpy); `TensorPools` in a torch tensor on a
+device (a GPU, or the CPU for tests), for engines that move device memory. The endpoints use
+either through the same few methods (view, address, new_bytes, sync).
 """
 
 from __future__ import annotations
@@ -62,8 +66,15 @@ class RankPools:
                 offset += -(-(item_bytes * cap) // ALIGN) * ALIGN
             self.buffers[name] = bufs
         self.nbytes = max(offset, ALIGN)
-        self.arena = np.zeros(self.nbytes, dtype=np.uint8)
-        self.base = int(self.arena.ctypes.data)
+        self.arena = self.new_bytes(self.nbytes)
+        self.base = address(self.arena)
+
+    def new_bytes(self, nbytes: int):
+        """A zeroed byte buffer in the pools' memory (staging arenas and gather buffers)."""
+        return np.zeros(nbytes, dtype=np.uint8)
+
+    def sync(self) -> None:
+        """Wait until copies issued on these pools' memory have finished (host: nothing)."""
 
     def view(self, component: str, pos: int) -> np.ndarray:
         """[capacity, item_bytes] uint8 view of one buffer."""
@@ -73,6 +84,35 @@ class RankPools:
 
     def address(self, component: str, pos: int) -> int:
         return self.base + self.buffers[component][pos].offset
+
+
+class TensorPools(RankPools):
+    """The same arena and buffers in a torch uint8 tensor on `device`; `view` returns a torch
+    view. Copies the endpoints issue on it (staged gather and scatter) run on the calling
+    thread's current stream; `sync` waits for them, before an engine reads or after it wrote."""
+
+    def __init__(self, layout: FamilyLayout, registration: Registration, capacity: Capacity,
+                 device):
+        import torch
+
+        self.device = torch.device(device)
+        super().__init__(layout, registration, capacity)
+
+    def new_bytes(self, nbytes: int):
+        import torch
+
+        return torch.zeros(nbytes, dtype=torch.uint8, device=self.device)
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            import torch
+
+            torch.cuda.current_stream(self.device).synchronize()
+
+
+def address(buf) -> int:
+    """Address of the first byte of a numpy array or a torch tensor."""
+    return int(buf.ctypes.data) if isinstance(buf, np.ndarray) else int(buf.data_ptr())
 
     def sections(self) -> list[list[tuple[int, int, int, int, int]]]:
         """Per component: (layer id, tensor index, base address, item bytes, capacity)."""

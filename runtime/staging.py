@@ -15,8 +15,9 @@ window pages, slot, aux row and ring rows in the order of the request's ids). Bo
 compute it from the plan and the decode target alone, so a chunk knows where its items go
 without any further message.
 
-Copies run with numpy on host pools; device pools use the generated Triton kernels
-(generated/<family>/kernels.py), which implement the same gather/scatter contract.
+Copies run with numpy on host pools (pools.RankPools) and with torch indexing on the pools'
+device for pools.TensorPools; the generated Triton kernels (generated/<family>/kernels.py)
+implement the same gather/scatter contract as single launches.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import numpy as np
 from .indices import DecodeTarget, PrefillChunk, contiguous_runs
 from .layout_types import FamilyLayout
 from .plan_types import Link, Segment
+from .pools import address
 
 
 @dataclass(frozen=True)
@@ -116,25 +118,36 @@ def target_ids(layout: FamilyLayout, target: DecodeTarget, page_size: int) -> di
     return out
 
 
-def _pieces(pool: np.ndarray, offset: int, nbytes: int, repeat: int, stride: int) -> np.ndarray:
-    """[capacity, repeat, nbytes] writable view of the segment pieces of every item."""
+def _pieces(pool, offset: int, nbytes: int, repeat: int, stride: int):
+    """[capacity, repeat, nbytes] writable view of the segment pieces of every item (a numpy
+    array, or a torch tensor for device pools)."""
     cap, item_bytes = pool.shape
-    base = pool.reshape(-1)[offset:]
-    return np.lib.stride_tricks.as_strided(base, shape=(cap, repeat, nbytes),
-                                           strides=(item_bytes, stride if repeat > 1 else 0, 1),
-                                           writeable=True)
+    strides = (item_bytes, stride if repeat > 1 else 0, 1)
+    if isinstance(pool, np.ndarray):
+        return np.lib.stride_tricks.as_strided(pool.reshape(-1)[offset:],
+                                               shape=(cap, repeat, nbytes), strides=strides,
+                                               writeable=True)
+    return pool.as_strided((cap, repeat, nbytes), strides, pool.storage_offset() + offset)
 
 
-def gather(pool: np.ndarray, ids: np.ndarray, seg: Segment, out: np.ndarray) -> None:
+def _index(pool, ids: np.ndarray):
+    if isinstance(pool, np.ndarray):
+        return ids
+    import torch
+
+    return torch.as_tensor(ids, dtype=torch.int64).to(pool.device, non_blocking=True)
+
+
+def gather(pool, ids: np.ndarray, seg: Segment, out) -> None:
     """Pack the source pieces of items `ids` back to back into `out` (len(ids) * total)."""
     view = _pieces(pool, seg.src_offset, seg.nbytes, seg.repeat, seg.src_stride)
-    out.reshape(len(ids), seg.repeat, seg.nbytes)[:] = view[ids]
+    out.reshape(len(ids), seg.repeat, seg.nbytes)[:] = view[_index(pool, ids)]
 
 
-def scatter(pool: np.ndarray, ids: np.ndarray, seg: Segment, packed: np.ndarray) -> None:
+def scatter(pool, ids: np.ndarray, seg: Segment, packed) -> None:
     """Unpack `packed` into the destination pieces of items `ids`."""
     view = _pieces(pool, seg.dst_offset, seg.nbytes, seg.repeat, seg.dst_stride)
-    view[ids] = packed.reshape(len(ids), seg.repeat, seg.nbytes)
+    view[_index(pool, ids)] = packed.reshape(len(ids), seg.repeat, seg.nbytes)
 
 
 def chunk_block_ranges(blocks: list[Block], link: Link, positions, layers=None):
@@ -168,13 +181,14 @@ def merge_descriptors(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray):
 
 
 class Arena:
-    """First-fit allocator over one registered staging buffer (decode side)."""
+    """First-fit allocator over one registered staging buffer: a numpy array, or a torch
+    tensor from TensorPools.new_bytes for device pools."""
 
     ALIGN = 64
 
-    def __init__(self, nbytes: int):
-        self.buf = np.zeros(max(nbytes, self.ALIGN), np.uint8)
-        self.base = int(self.buf.ctypes.data)
+    def __init__(self, nbytes: int, buf=None):
+        self.buf = np.zeros(max(nbytes, self.ALIGN), np.uint8) if buf is None else buf
+        self.base = address(self.buf)
         self.free: list[tuple[int, int]] = [(0, len(self.buf))]  # (offset, size), sorted
 
     def alloc(self, nbytes: int) -> int | None:

@@ -2,7 +2,9 @@
 tiny family, so every KV page and conv slot moves as head slices and sub-blocks.
 
 The oracle is the direct path: the same request moved both ways must leave the same bytes on
-every decode rank. tests/runtime/test_e2e.py runs the staged path over Mooncake and NIXL.
+every decode rank. Pools are host memory (numpy, with an engine that memmoves), torch tensors
+on the CPU, or tensors on two GPUs (the local engine's device mode; `-m gpu`).
+tests/runtime/test_e2e.py runs the staged path over Mooncake and NIXL between processes.
 """
 
 from __future__ import annotations
@@ -11,10 +13,13 @@ import time
 
 import numpy as np
 import pytest
+import torch
 from pdc.runtime import knobs
 from pdc.runtime.control import BootstrapServer
 from pdc.runtime.endpoints import DecodeEndpoint, KVPoll, PageState, PrefillEndpoint
+from pdc.runtime.engines import make_engine
 from pdc.runtime.plan_types import RankId
+from pdc.runtime.pools import Capacity, TensorPools
 
 from .failure_tools import R0, Family, ManualEngine, tight_knobs, wait_for
 
@@ -22,28 +27,53 @@ POISON = 0xA5
 PAGE = 4  # tokens per page of the tiny family
 
 
+# Where the pools live: None = host numpy pools with ManualEngine; else (prefill device,
+# decode device) of TensorPools moved by the local engine's device mode.
+POOLS = {"host": None, "torch-cpu": ("cpu", "cpu"), "cuda": ("cuda:0", "cuda:1")}
+
+
 class Split:
     """One prefill rank (tp=1) and two decode ranks (tp=2), each with its own engine."""
 
-    def __init__(self, fam: Family, decode_arena_bytes: int | None = None):
+    def __init__(self, fam: Family, decode_arena_bytes: int | None = None, devices=None):
         self.fam = fam
         self.boot = BootstrapServer(1)
-        self.peng = ManualEngine()
-        self.ppools = fam.pools("prefill")
+        if devices is None:
+            self.peng = ManualEngine()
+            self.ppools = fam.pools("prefill")
+        else:
+            self.peng = make_engine("local", device=devices[0])
+            self.ppools = self._tensor_pools("prefill", R0, devices[0])
         self.pre = PrefillEndpoint(fam.layout, fam.wire, fam.plan, R0, 0, self.peng,
                                    self.ppools, self.boot.address)
         if decode_arena_bytes is not None:
             knobs.override(staging_arena_bytes=decode_arena_bytes)
-        self.dpools = [fam.pools("decode", RankId(0, t)) for t in range(2)]
-        self.decs = [DecodeEndpoint(fam.layout, fam.wire, fam.plan, RankId(0, t), 0,
-                                    ManualEngine(), self.dpools[t], self.boot.address)
-                     for t in range(2)]
+        ranks = [RankId(0, t) for t in range(2)]
+        if devices is None:
+            self.dpools = [fam.pools("decode", r) for r in ranks]
+            self.dengs = [ManualEngine() for _ in ranks]
+        else:
+            self.dpools = [self._tensor_pools("decode", r, devices[1]) for r in ranks]
+            self.dengs = [make_engine("local", device=devices[1]) for _ in ranks]
+        self.decs = [DecodeEndpoint(fam.layout, fam.wire, fam.plan, r, 0, eng, pools,
+                                    self.boot.address)
+                     for r, eng, pools in zip(ranks, self.dengs, self.dpools, strict=True)]
         for d in self.decs:
             d.wait_ready(5)
-        rng = np.random.default_rng(7)
-        self.ppools.arena[:] = rng.integers(0, 256, self.ppools.nbytes, dtype=np.uint8)
-        for p in self.dpools:
-            p.arena[:] = POISON
+        fill = np.random.default_rng(7).integers(0, 256, self.ppools.nbytes, dtype=np.uint8)
+        if devices is None:
+            self.ppools.arena[:] = fill
+            for p in self.dpools:
+                p.arena[:] = POISON
+        else:
+            self.ppools.arena.copy_(torch.from_numpy(fill))
+            for p in self.dpools:
+                p.arena.fill_(POISON)
+            self.ppools.sync()
+
+    def _tensor_pools(self, side: str, rank, device) -> TensorPools:
+        return TensorPools(self.fam.layout, self.fam.plan.registration(side, rank),
+                           Capacity(pages=16, slots=4, aux_rows=4, window_pages=16), device)
 
     def request(self, room: int, dpages, dslot: int, prefix_tokens: int = 0, gen: int = 0):
         """Prefill pages 0..2 (chunks [0, 1] and [2]) and slot 0 into `dpages` / `dslot`."""
@@ -60,7 +90,9 @@ class Split:
         out = []
         for name, bufs in self.dpools[t].buffers.items():
             ids = list(pages) if name == "kv" else [slot]
-            out += [self.dpools[t].view(name, pos)[ids].copy() for pos in range(len(bufs))]
+            for pos in range(len(bufs)):
+                rows = self.dpools[t].view(name, pos)[ids]
+                out.append(rows.copy() if isinstance(rows, np.ndarray) else rows.cpu().numpy())
         return out
 
     def close(self) -> None:
@@ -84,12 +116,31 @@ def split(fam):
     knobs.reset()
 
 
+def _pools_param(kind: str):
+    marks = []
+    if kind == "cuda":
+        marks = [pytest.mark.gpu, pytest.mark.skipif(torch.cuda.device_count() < 2,
+                                                     reason="needs two CUDA devices")]
+    return pytest.param(POOLS[kind], id=kind, marks=marks)
+
+
+@pytest.fixture(params=[_pools_param(k) for k in POOLS])
+def any_split(fam, request):
+    tight_knobs()
+    s = Split(fam, devices=request.param)
+    yield s
+    s.close()
+    knobs.reset()
+
+
 def _done(rvs) -> bool:
     return all(rv.poll() == KVPoll.Success for rv in rvs)
 
 
-def test_staged_request_lands_the_same_bytes_as_the_direct_path(split):
-    knobs.override(staged_min_descriptors=0)
+def test_staged_request_lands_the_same_bytes_as_the_direct_path(any_split):
+    split = any_split
+    # Link checksums on: decode verifies the scattered bytes against prefill's digest.
+    knobs.override(staged_min_descriptors=0, checksum=1)
     s_staged, staged = split.request(20, [9, 3, 11], 2, prefix_tokens=PAGE)
     wait_for(lambda: _done(staged), what="the staged request")
     knobs.override(staged_min_descriptors=10**9)
@@ -99,7 +150,7 @@ def test_staged_request_lands_the_same_bytes_as_the_direct_path(split):
     assert [rv.links for rv in direct] == [(0, 1), (0, 1)]
     for t in range(2):
         # The prefix page (position 0) is decode's own: untouched on both paths.
-        assert np.all(split.dpools[t].view("kv", 0)[[9, 4]] == POISON)
+        assert all(np.all(a == POISON) for a in split.items(t, [9, 4], 0)[:4])
         got = split.items(t, [3, 11], 2)
         want = split.items(t, [12, 6], 3)
         assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
@@ -108,6 +159,7 @@ def test_staged_request_lands_the_same_bytes_as_the_direct_path(split):
         arena = split.decs[t].arena
         assert arena.free == [(0, len(arena.buf))]
     assert s_staged.stats.descriptors < s_direct.stats.descriptors
+    assert sum(d.stats().get("checksum_mismatches", 0) for d in split.decs) == 0
     assert split.pre.arena.free == [(0, len(split.pre.arena.buf))]
 
 
