@@ -215,6 +215,7 @@ class PrefillEndpoint:
         engine.register(pools.base, pools.nbytes)
         # Gather buffers of the staged path; only the transfer worker touches the arena.
         self.arena = _staging_arena(engine, pools)
+        self.launches = _launches(pools)  # worker thread only
         self.lock = threading.Lock()
         self.rooms: dict[int, _Room] = {}
         self.finished: OrderedDict[int, _Final] = OrderedDict()
@@ -789,6 +790,7 @@ class PrefillEndpoint:
         base = address(st.local)
         positions = staging.chunk_positions(self.layout, c.chunk, t.target, self.page_size)
         offs, lens = [], []
+        groups: dict[tuple, tuple] = {}  # (component, j0, n) -> (ids, blocks): one launch
         for b, ids, j0, n in staging.chunk_block_ranges(st.blocks, link, positions, layers):
             e = link.entries[b.entry]
             if j0 + n > b.items:
@@ -798,9 +800,14 @@ class PrefillEndpoint:
             check_capacity(ids, pool.shape[0], f"prefill '{e.component}'")
             tb = b.segment.total_bytes
             at = b.offset + j0 * tb
-            staging.gather(pool, ids, b.segment, st.local[at:at + n * tb])
+            if self.launches is not None:
+                groups.setdefault((e.component, j0, n), (ids, []))[1].append(b)
+            else:
+                staging.gather(pool, ids, b.segment, st.local[at:at + n * tb])
             offs.append(at)
             lens.append(n * tb)
+        for (_, j0, _), (ids, blocks) in groups.items():
+            self.launches.gather(link, blocks, self.pools.view, ids, j0, st.local)
         if offs:
             self.pools.sync()  # the engine reads the gather buffer as soon as it is submitted
         offs_a = np.asarray(offs, np.int64)
@@ -814,7 +821,7 @@ class PrefillEndpoint:
             return
         # The arena is full (or off): a buffer of its own, registered for this request only.
         self.counters["staging_own_buffers"] += 1
-        st.local = self.pools.new_bytes(max(st.nbytes, 1))
+        st.local = self.pools.new_bytes(max(st.nbytes, 1), zeroed=False)
         self.engine.register(address(st.local), len(st.local))
 
     def _free_gather_buffers(self, r: _Room, drained: bool) -> None:
@@ -924,12 +931,24 @@ class PrefillEndpoint:
             self._on_request(identity, msg)
 
 
+def _launches(pools: RankPools) -> staging.Launches | None:
+    """Copy-kernel launches for the staged path on device pools (the staging_copies knob)."""
+    mode = knobs.get("staging_copies")
+    if mode not in ("auto", "torch", "kernels"):
+        raise ValueError(f"staging_copies is {mode!r}; use auto, torch or kernels")
+    device = getattr(pools, "device", None)
+    if device is None or mode == "torch" or (mode == "auto" and device.type != "cuda"):
+        return None
+    return staging.Launches()
+
+
 def _staging_arena(engine: TransferEngine, pools: RankPools) -> staging.Arena | None:
     """The rank's staging arena, in the pools' memory (host or device), registered."""
     nbytes = knobs.get("staging_arena_bytes")
     if nbytes <= 0:
         return None
-    arena = staging.Arena(nbytes, pools.new_bytes(max(nbytes, staging.Arena.ALIGN)))
+    arena = staging.Arena(nbytes, pools.new_bytes(max(nbytes, staging.Arena.ALIGN),
+                                                  zeroed=False))
     engine.register(arena.base, len(arena.buf))
     return arena
 
@@ -1069,6 +1088,7 @@ class DecodeEndpoint:
         # Staging regions handed to prefill ranks. Registered before agent_info(): NIXL peers
         # only accept writes into memory listed in the metadata they received.
         self.arena = _staging_arena(engine, pools)
+        self.launches = _launches(pools)  # hub thread only (scatters run in _complete)
         self.lock = threading.Lock()
         self.recvs: dict[tuple[int, int], _Recv] = {}
         self.reg_state: dict[str, tuple[KVPoll, str]] = {}
@@ -1210,16 +1230,24 @@ class DecodeEndpoint:
             return ""
         ids = staging.target_ids(self.layout, rv.target, self.page_size)
         try:
-            for name, (off, _, blocks) in rv.staged.items():
+            for name, (off, nbytes, blocks) in rv.staged.items():
                 link = self.links[self.source_rank[name]]
+                by_component: dict[str, list] = {}
                 for b in blocks:
                     e = link.entries[b.entry]
                     pool = self.pools.view(e.component, e.dst_pos)
                     dst_ids = ids[e.component]
                     check_capacity(dst_ids, pool.shape[0], f"decode '{e.component}'")
+                    if self.launches is not None:
+                        by_component.setdefault(e.component, []).append(b)
+                        continue
                     tb = b.segment.total_bytes
                     staging.scatter(pool, dst_ids, b.segment,
                                     self.arena.view(off + b.offset, b.items * tb))
+                for comp, bs in by_component.items():
+                    if len(ids[comp]):
+                        self.launches.scatter(link, bs, self.pools.view, ids[comp],
+                                              self.arena.view(off, nbytes))
             self.pools.sync()  # Success means the bytes are in the pools
         except (IndexError_, ValueError) as e:
             return f"staged scatter: {e}"

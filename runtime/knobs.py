@@ -68,6 +68,10 @@ KNOBS = {k.name: k for k in (
     Knob("staged_min_descriptors", 1024, "descriptors", "decode stages a request's partial "
          "entries (head slices, sub-blocks) from one prefill rank when the direct path would "
          "need more descriptors than this for them; 0 stages every partial entry"),
+    Knob("staging_copies", "auto", "auto/torch/kernels", "how the staged path copies on "
+         "device pools (pools.TensorPools): kernels = one copy-kernel launch per component "
+         "and run of items, torch = one indexing op per staging block; auto = kernels on "
+         "CUDA. Host pools always use numpy"),
     Knob("staging_arena_bytes", 512 << 20, "bytes", "registered staging arena of each rank "
          "(decode: regions it hands to prefill; prefill: gather buffers); 0 turns the staged "
          "path off. A request whose region does not fit on decode takes the direct path"),

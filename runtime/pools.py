@@ -69,9 +69,11 @@ class RankPools:
         self.arena = self.new_bytes(self.nbytes)
         self.base = address(self.arena)
 
-    def new_bytes(self, nbytes: int):
-        """A zeroed byte buffer in the pools' memory (staging arenas and gather buffers)."""
-        return np.zeros(nbytes, dtype=np.uint8)
+    def new_bytes(self, nbytes: int, zeroed: bool = True):
+        """A byte buffer in the pools' memory (staging arenas and gather buffers). Staging
+        buffers need no zeroing (every byte read was written first) and stay untouched, so
+        their pages are only committed where they are used."""
+        return np.zeros(nbytes, dtype=np.uint8) if zeroed else np.empty(nbytes, np.uint8)
 
     def sync(self) -> None:
         """Wait until copies issued on these pools' memory have finished (host: nothing)."""
@@ -98,10 +100,11 @@ class TensorPools(RankPools):
         self.device = torch.device(device)
         super().__init__(layout, registration, capacity)
 
-    def new_bytes(self, nbytes: int):
+    def new_bytes(self, nbytes: int, zeroed: bool = True):
         import torch
 
-        return torch.zeros(nbytes, dtype=torch.uint8, device=self.device)
+        make = torch.zeros if zeroed else torch.empty
+        return make(nbytes, dtype=torch.uint8, device=self.device)
 
     def sync(self) -> None:
         if self.device.type == "cuda":

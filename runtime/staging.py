@@ -130,12 +130,13 @@ def _pieces(pool, offset: int, nbytes: int, repeat: int, stride: int):
     return pool.as_strided((cap, repeat, nbytes), strides, pool.storage_offset() + offset)
 
 
-def _index(pool, ids: np.ndarray):
-    if isinstance(pool, np.ndarray):
+def _index(like, ids: np.ndarray):
+    """`ids` as an index of `like`: itself for numpy, an int64 tensor on `like`'s device."""
+    if isinstance(like, np.ndarray):
         return ids
     import torch
 
-    return torch.as_tensor(ids, dtype=torch.int64).to(pool.device, non_blocking=True)
+    return torch.as_tensor(ids, dtype=torch.int64).to(like.device, non_blocking=True)
 
 
 def gather(pool, ids: np.ndarray, seg: Segment, out) -> None:
@@ -219,3 +220,59 @@ class Arena:
     def view(self, offset: int, nbytes: int) -> np.ndarray:
         return self.buf[offset:offset + nbytes]
 
+
+
+class Launches:
+    """One-launch gathers and scatters with the copy kernels (runtime/copy_kernels.py) for
+    device pools: every staging block of one component and one run of items moves in a single
+    launch instead of one torch op per block. The kernels' packed layout (entry e's item j at
+    `staging_offsets[e] + j * packed_bytes`) is Note [Staging layout] with the blocks' offsets.
+
+    Entry tables (the kernel's device-side view of pools and segments) are built once per set
+    of blocks and side and kept, at most `limit` of them (streaming asks for one set per
+    layer)."""
+
+    def __init__(self, limit: int = 512):
+        from collections import OrderedDict
+
+        self.limit = limit
+        self.tables: OrderedDict = OrderedDict()
+
+    def _table(self, side: str, link: Link, blocks: list[Block], view):
+        from . import copy_kernels as K
+
+        key = (side, link.prefill, link.decode, tuple((b.entry, b.offset) for b in blocks))
+        table = self.tables.get(key)
+        if table is None:
+            entries = []
+            for b in blocks:
+                e, s = link.entries[b.entry], b.segment
+                pool = view(e.component, e.src_pos if side == "src" else e.dst_pos)
+                spec = (K.SegmentSpec(s.src_offset, s.nbytes, s.repeat, s.src_stride,
+                                      pool.shape[1]) if side == "src" else
+                        K.SegmentSpec(s.dst_offset, s.nbytes, s.repeat, s.dst_stride,
+                                      pool.shape[1]))
+                entries.append(K.Entry(pool, spec))
+            table = self.tables[key] = K.EntryTable(entries)
+            while len(self.tables) > self.limit:
+                self.tables.popitem(last=False)
+        self.tables.move_to_end(key)
+        return table
+
+    def gather(self, link: Link, blocks: list[Block], view, ids: np.ndarray, j0: int,
+               out) -> None:
+        """Items `ids` (staging positions j0..) of every block, all of one component."""
+        from . import copy_kernels as K
+
+        table = self._table("src", link, blocks, view)
+        idx = _index(out, ids)
+        K.gather(table, idx, out, check_indices=False,
+                 staging_offsets=[b.offset + j0 * b.segment.total_bytes for b in blocks])
+
+    def scatter(self, link: Link, blocks: list[Block], view, ids: np.ndarray, region) -> None:
+        """Every item of every block (all of one component) from a staging region."""
+        from . import copy_kernels as K
+
+        table = self._table("dst", link, blocks, view)
+        K.scatter(table, _index(region, ids), region, check_indices=False,
+                  staging_offsets=[b.offset for b in blocks])

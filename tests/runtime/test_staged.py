@@ -28,8 +28,11 @@ PAGE = 4  # tokens per page of the tiny family
 
 
 # Where the pools live: None = host numpy pools with ManualEngine; else (prefill device,
-# decode device) of TensorPools moved by the local engine's device mode.
-POOLS = {"host": None, "torch-cpu": ("cpu", "cpu"), "cuda": ("cuda:0", "cuda:1")}
+# decode device, the staging_copies knob) of TensorPools moved by the local engine's device
+# mode. Copy kernels on CPU tensors run in the Triton interpreter.
+POOLS = {"host": None, "torch-cpu": ("cpu", "cpu", "torch"),
+         "kernels-cpu": ("cpu", "cpu", "kernels"), "cuda": ("cuda:0", "cuda:1", "auto"),
+         "cuda-torch": ("cuda:0", "cuda:1", "torch")}
 
 
 class Split:
@@ -37,6 +40,11 @@ class Split:
 
     def __init__(self, fam: Family, decode_arena_bytes: int | None = None, devices=None):
         self.fam = fam
+        # Copy kernels expected: asked for, or "auto" on CUDA.
+        self.kernels = devices is not None and (devices[2] == "kernels" or (
+            devices[2] == "auto" and devices[0].startswith("cuda")))
+        if devices is not None:
+            knobs.override(staging_copies=devices[2])
         self.boot = BootstrapServer(1)
         if devices is None:
             self.peng = ManualEngine()
@@ -118,7 +126,7 @@ def split(fam):
 
 def _pools_param(kind: str):
     marks = []
-    if kind == "cuda":
+    if kind.startswith("cuda"):
         marks = [pytest.mark.gpu, pytest.mark.skipif(torch.cuda.device_count() < 2,
                                                      reason="needs two CUDA devices")]
     return pytest.param(POOLS[kind], id=kind, marks=marks)
@@ -160,6 +168,9 @@ def test_staged_request_lands_the_same_bytes_as_the_direct_path(any_split):
         assert arena.free == [(0, len(arena.buf))]
     assert s_staged.stats.descriptors < s_direct.stats.descriptors
     assert sum(d.stats().get("checksum_mismatches", 0) for d in split.decs) == 0
+    # The staged copies went through the copy kernels exactly where expected.
+    for ep in (split.pre, *split.decs):
+        assert (ep.launches is not None and len(ep.launches.tables) > 0) == split.kernels
     assert split.pre.arena.free == [(0, len(split.pre.arena.buf))]
 
 
