@@ -22,6 +22,8 @@ implement the same gather/scatter contract as single launches.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -230,7 +232,8 @@ class Launches:
 
     Entry tables (the kernel's device-side view of pools and segments) are built once per set
     of blocks and side and kept, at most `limit` of them (streaming asks for one set per
-    layer)."""
+    layer). On CPU tensors the kernels run in Triton's interpreter, which patches module
+    state while it runs: launches there are serialised (`_INTERPRETER_LOCK`)."""
 
     def __init__(self, limit: int = 512):
         from collections import OrderedDict
@@ -266,13 +269,22 @@ class Launches:
 
         table = self._table("src", link, blocks, view)
         idx = _index(out, ids)
-        K.gather(table, idx, out, check_indices=False,
-                 staging_offsets=[b.offset + j0 * b.segment.total_bytes for b in blocks])
+        with _launch_guard(out):
+            K.gather(table, idx, out, check_indices=False,
+                     staging_offsets=[b.offset + j0 * b.segment.total_bytes for b in blocks])
 
     def scatter(self, link: Link, blocks: list[Block], view, ids: np.ndarray, region) -> None:
         """Every item of every block (all of one component) from a staging region."""
         from . import copy_kernels as K
 
         table = self._table("dst", link, blocks, view)
-        K.scatter(table, _index(region, ids), region, check_indices=False,
-                  staging_offsets=[b.offset for b in blocks])
+        with _launch_guard(region):
+            K.scatter(table, _index(region, ids), region, check_indices=False,
+                      staging_offsets=[b.offset for b in blocks])
+
+
+_INTERPRETER_LOCK = threading.Lock()
+
+
+def _launch_guard(like):
+    return _INTERPRETER_LOCK if like.device.type == "cpu" else contextlib.nullcontext()
