@@ -1,0 +1,156 @@
+"""The endpoints' staged path on device pools: one Llama-3-70B request, prefill TP2 -> decode TP1.
+
+Everything runs in one process on two GPUs: two prefill endpoints whose pools (pools.TensorPools)
+sit on cuda:0, one decode endpoint whose pools sit on cuda:1, the real control plane over
+ZeroMQ on loopback, and the local engine's device mode (runtime/engines/local.py) as the
+transfer engine. Under heterogeneous TP every KV page moves as head slices, so decode stages
+both links; rows compare how the staged copies run:
+
+- staged, copy kernels (`staging_copies=kernels`, the default on CUDA): one gather launch per
+  chunk and link, one scatter launch per link;
+- staged, torch (`staging_copies=torch`): one torch indexing op per staging block;
+- direct (`staging_arena_bytes=0`): one copy-engine copy per head-slice piece (only with
+  `--direct`, it is slow: a million descriptors per link at 8K tokens).
+
+Time is decode's `init()` to Success (all bytes in decode's pools, scatter included), median of
+`--reps` requests with fresh page ids each. After timing, every request's bytes are checked:
+the runtime's link digest (runtime/integrity.py) over prefill's source bytes and over decode's
+destination bytes must agree on each link.
+
+    python bench/endpoints_device.py --json out/endpoints_device.json
+    python bench/endpoints_device.py --small --json /tmp/d.json     # CPU tensors, interpreter
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if "--small" in sys.argv:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import time
+
+import _common as C
+import numpy as np
+import torch
+
+
+def run_mode(args, name: str, knob_values: dict, layout, plan, devices, rows, checks) -> None:
+    import importlib
+
+    from pdc.runtime import integrity, knobs
+    from pdc.runtime.control import BootstrapServer
+    from pdc.runtime.datapath import component_pairs
+    from pdc.runtime.endpoints import DecodeEndpoint, KVPoll, PrefillEndpoint
+    from pdc.runtime.engines import make_engine
+    from pdc.runtime.indices import DecodeTarget, PrefillChunk
+    from pdc.runtime.plan_types import RankId
+    from pdc.runtime.pools import Capacity, TensorPools
+
+    knobs.reset()
+    knobs.override(transfer_timeout_s=600.0, prefill_room_timeout_s=600.0,
+                   staged_min_descriptors=0, **knob_values)
+    wire = importlib.import_module("pdc.generated.llama3_70b.wire")
+    ps = plan.topology.prefill.page_size
+    n = -(-args.tokens // ps)
+    cap = Capacity(pages=2 * n, slots=2, aux_rows=2, window_pages=1)
+    boot = BootstrapServer(2)
+    pre_pools, pre_eps, engines = [], [], []
+    for tp in range(2):
+        pools = TensorPools(layout, plan.registration("prefill", RankId(0, tp)), cap, devices[0])
+        pools.arena.copy_(torch.randint(0, 256, (pools.nbytes,), dtype=torch.uint8,
+                                        generator=torch.Generator().manual_seed(tp)))
+        eng = make_engine("local", device=devices[0])
+        pre_pools.append(pools)
+        engines.append(eng)
+        pre_eps.append(PrefillEndpoint(layout, wire, plan, RankId(0, tp), 0, eng, pools,
+                                       boot.address))
+    dpools = TensorPools(layout, plan.registration("decode", RankId(0, 0)), cap, devices[1])
+    deng = make_engine("local", device=devices[1])
+    engines.append(deng)
+    dec = DecodeEndpoint(layout, wire, plan, RankId(0, 0), 0, deng, dpools, boot.address)
+    dec.wait_ready(30)
+    rng = np.random.default_rng(5)
+    times, ok, staged = [], True, []
+    try:
+        for rep in range(args.reps + 1):  # the first request warms up (kernel compile, tables)
+            room = 100 + rep
+            s_ids = rng.permutation(2 * n)[:n].astype(np.int64)
+            d_ids = rng.permutation(2 * n)[:n].astype(np.int64)
+            t0 = time.perf_counter()
+            rv = dec.receiver(room)
+            rv.init(d_ids, 0, aux_row=0)
+            for ep in pre_eps:
+                s = ep.sender(room)
+                s.send(s_ids, 0, True, args.tokens, aux_row=1)
+            while rv.poll() not in (KVPoll.Success, KVPoll.Failed):
+                time.sleep(0.0002)
+            dt = time.perf_counter() - t0
+            if rv.poll() != KVPoll.Success:
+                raise RuntimeError(f"{name}: request failed: {rv.reason}")
+            staged.append(rv.links[0])
+            if rep:
+                times.append(dt)
+            chunk = PrefillChunk(0, s_ids, True, args.tokens, aux_row=1)
+            target = DecodeTarget(d_ids, 0, aux_row=0)
+            for lk in plan.links:
+                pairs = component_pairs(layout, chunk, target, ps)
+                src = integrity.link_digest(room, 0, lk, pre_pools[lk.prefill.tp].view, pairs,
+                                            "src")
+                dst = integrity.link_digest(room, 0, lk, dpools.view, pairs, "dst")
+                ok &= src == dst
+            rv.release()
+    finally:
+        dec.close()
+        for ep in pre_eps:
+            ep.close()
+        boot.close()
+        for e in engines:
+            e.close()
+        knobs.reset()
+    nbytes = sum(e.dst_item_bytes for lk in plan.links for e in lk.entries
+                 if e.component == "kv") * n
+    ms = C.median(times) * 1e3
+    checks[f"{name}: every byte landed (link digests agree)"] = bool(ok)
+    rows.append({"case": name, "tokens": args.tokens, "staged_links": max(staged),
+                 "bytes": nbytes, "ms": ms, "gbps": nbytes / ms / 1e6,
+                 "ms_all": [round(t * 1e3, 3) for t in times]})
+
+
+def main() -> int:
+    ap = C.parser(__doc__.split("\n")[0])
+    ap.add_argument("--tokens", type=int, default=8192)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--direct", action="store_true", help="also the direct path (slow)")
+    args = ap.parse_args()
+    cuda = torch.cuda.is_available() and not args.small
+    if args.small:
+        args.tokens, args.reps = 32, 1
+    if cuda and torch.cuda.device_count() < 2:
+        print("needs two GPUs", file=sys.stderr)
+        return 2
+    devices = ("cuda:0", "cuda:1") if cuda else ("cpu", "cpu")
+    layout, plan = C.llama_plan(2, 1)
+    rows: list[dict] = []
+    checks: dict[str, bool] = {}
+    notes: list[str] = []
+    modes = [("staged, copy kernels", {"staging_copies": "kernels"}),
+             ("staged, torch ops", {"staging_copies": "torch"})]
+    if args.direct or args.small:
+        modes.append(("direct, one copy per piece", {"staging_arena_bytes": 0}))
+    for name, knob_values in modes:
+        C.guarded(rows, notes, checks, name, lambda name=name, kv=knob_values: run_mode(
+            args, name, kv, layout, plan, devices, rows, checks))
+    C.table(rows, [("case", "case", ""), ("tokens", "tokens", "d"),
+                   ("staged_links", "staged links", "d"), ("bytes", "bytes", ",d"),
+                   ("ms", "ms", ".3f"), ("gbps", "GB/s", ",.1f"), ("error", "error", "")])
+    if args.small:
+        notes.append("--small: CPU tensors, Triton interpreter; timings are meaningless")
+    goals = {"best_case": min((r for r in rows if "ms" in r), key=lambda r: r["ms"],
+                              default={}).get("case")}
+    return C.finish("endpoints_device", args, rows, checks, goals, notes)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
