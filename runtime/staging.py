@@ -22,7 +22,6 @@ implement the same gather/scatter contract as single launches.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from dataclasses import dataclass
 
@@ -287,4 +286,12 @@ _INTERPRETER_LOCK = threading.Lock()
 
 
 def _launch_guard(like):
-    return _INTERPRETER_LOCK if like.device.type == "cpu" else contextlib.nullcontext()
+    """Triton launches on the calling thread's current device: make it the tensors' own (a
+    worker or control thread starts on cuda:0; a launch there would address cuda:1 memory
+    over peer access on cuda:0's stream, which the endpoint's sync of cuda:1 does not wait
+    for)."""
+    if like.device.type == "cpu":
+        return _INTERPRETER_LOCK
+    import torch
+
+    return torch.cuda.device(like.device)
