@@ -140,7 +140,7 @@ class _Staged:
     remote_addr: int  # decode's region
     nbytes: int
     blocks: list  # staging.Block
-    local: np.ndarray | None = None  # this rank's gather buffer, same layout as the region
+    local: object = None  # this rank's gather buffer (numpy or torch bytes), region layout
     arena_offset: int | None = None  # where `local` sits in the arena; None: its own buffer
 
 
@@ -222,7 +222,9 @@ class PrefillEndpoint:
         # Streaming sends every real layer and every sentinel once the forward is done.
         self._all_ids = {i for i, _ in layout.kind_of} | {
             c.sentinel for c in layout.components if c.request_wide}
-        self._waiting_events: list = []  # (event, mark, chunks) of layer_done / forward_done
+        # (event, mark, [(use, its streaming chunks)]) of layer_done / forward_done calls whose
+        # CUDA event had not completed yet, in call order
+        self._waiting_events: list = []
         self.peers: dict[tuple[int, RankId], _Peer] = {}
         self.by_identity: dict[bytes, _Peer] = {}
         self.engine_peers: set[bytes] = set()  # agent infos connected (max_registrations)

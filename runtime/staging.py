@@ -243,7 +243,8 @@ class Launches:
     def _table(self, side: str, link: Link, blocks: list[Block], view):
         from . import copy_kernels as K
 
-        key = (side, link.prefill, link.decode, tuple((b.entry, b.offset) for b in blocks))
+        # Entries and segments only: offsets vary with the request and are launch arguments.
+        key = (side, link.prefill, link.decode, tuple((b.entry, b.segment) for b in blocks))
         table = self.tables.get(key)
         if table is None:
             entries = []
