@@ -84,7 +84,23 @@ class _Receiver:
         self.process.join(STEP_TIMEOUT_S)
 
     def pause(self) -> None:
-        os.kill(self.process.pid, signal.SIGSTOP)
+        """SIGSTOP, and wait until every thread is stopped: the signal is delivered
+        asynchronously, and a transport thread still running could complete the next write."""
+        pid = self.process.pid
+        os.kill(pid, signal.SIGSTOP)
+        deadline = time.monotonic() + STEP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            states = []
+            for task in os.listdir(f"/proc/{pid}/task"):
+                try:
+                    with open(f"/proc/{pid}/task/{task}/stat") as f:
+                        states.append(f.read().rsplit(")", 1)[1].split()[0])
+                except OSError:
+                    continue  # the thread exited meanwhile
+            if states and all(st in "tT" for st in states):
+                return
+            time.sleep(0.001)
+        raise AssertionError(f"receiver {pid} did not stop within {STEP_TIMEOUT_S} s")
 
     def stop(self) -> None:
         if self.process.is_alive():
