@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from numbers import Integral
@@ -347,6 +348,19 @@ _compiled_kernel = JITFunction(_copy_segments, do_not_specialize=["n_indices", "
 _interpreted_kernel = None
 
 
+# Note [Launch device]: Triton launches on the calling thread's current CUDA device and its
+# current stream. A thread that never selected a device is on cuda:0, so a launch from it for
+# tensors on cuda:1 would run on cuda:0's stream (reaching cuda:1 over peer access), and a
+# sync of cuda:1 would not wait for it. Launches therefore run under the staging tensor's
+# device (on that device's current stream). Triton's interpreter, used for CPU tensors,
+# patches module state while a kernel runs, so interpreted launches are serialised.
+_INTERPRETER_LOCK = threading.Lock()
+
+
+def _launch_context(device: torch.device):
+    return torch.cuda.device(device) if device.type == "cuda" else _INTERPRETER_LOCK
+
+
 def _kernel_for(device: torch.device):
     global _interpreted_kernel
     if device.type == "cuda":
@@ -585,23 +599,24 @@ def _launch(
         stage_offs = torch.tensor([int(o) // word for o in staging_offsets], dtype=torch.int64,
                                   device=device)
     grid = (n_col_chunks * n_row_blocks, n_entries)
-    kernel[grid](
-        dev_table,
-        indices,
-        words,
-        stage_offs,
-        n,
-        n_col_chunks,
-        TABLE_COLS=_TABLE_COLS,
-        TO_STAGING=to_staging,
-        DENSE=staging_offsets is None,
-        ALIGN=align,
-        VEC=vec,
-        ROWS=rows,
-        BLOCK=block,
-        ITERS=tile.iters,
-        num_warps=tile.num_warps,
-    )
+    with _launch_context(device):
+        kernel[grid](
+            dev_table,
+            indices,
+            words,
+            stage_offs,
+            n,
+            n_col_chunks,
+            TABLE_COLS=_TABLE_COLS,
+            TO_STAGING=to_staging,
+            DENSE=staging_offsets is None,
+            ALIGN=align,
+            VEC=vec,
+            ROWS=rows,
+            BLOCK=block,
+            ITERS=tile.iters,
+            num_warps=tile.num_warps,
+        )
 
 
 def gather(

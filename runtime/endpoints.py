@@ -791,25 +791,27 @@ class PrefillEndpoint:
             self._reserve_gather_buffer(st)
         base = address(st.local)
         positions = staging.chunk_positions(self.layout, c.chunk, t.target, self.page_size)
-        offs, lens = [], []
-        groups: dict[tuple, tuple] = {}  # (component, j0, n) -> (ids, blocks): one launch
+        # Blocks of one component share the chunk's runs of items: (component, j0, n) -> (ids,
+        # blocks), checked once and, with the copy kernels, gathered in one launch.
+        groups: dict[tuple, tuple] = {}
         for b, ids, j0, n in staging.chunk_block_ranges(st.blocks, link, positions, layers):
-            e = link.entries[b.entry]
             if j0 + n > b.items:
-                raise IndexError_(f"'{e.component}' staging item {j0 + n - 1} is outside the "
-                                  f"{b.items} items decode asked for")
-            pool = self.pools.view(e.component, e.src_pos)
-            check_capacity(ids, pool.shape[0], f"prefill '{e.component}'")
-            tb = b.segment.total_bytes
-            at = b.offset + j0 * tb
+                raise IndexError_(f"'{link.entries[b.entry].component}' staging item "
+                                  f"{j0 + n - 1} is outside the {b.items} items decode asked for")
+            groups.setdefault((link.entries[b.entry].component, j0, n), (ids, []))[1].append(b)
+        offs, lens = [], []
+        for (comp, j0, n), (ids, blocks) in groups.items():
+            pools = [self.pools.view(comp, link.entries[b.entry].src_pos) for b in blocks]
+            check_capacity(ids, min(p.shape[0] for p in pools), f"prefill '{comp}'")
             if self.launches is not None:
-                groups.setdefault((e.component, j0, n), (ids, []))[1].append(b)
-            else:
-                staging.gather(pool, ids, b.segment, st.local[at:at + n * tb])
-            offs.append(at)
-            lens.append(n * tb)
-        for (_, j0, _), (ids, blocks) in groups.items():
-            self.launches.gather(link, blocks, self.pools.view, ids, j0, st.local)
+                self.launches.gather(link, blocks, self.pools.view, ids, j0, st.local)
+            for b, pool in zip(blocks, pools, strict=True):
+                tb = b.segment.total_bytes
+                at = b.offset + j0 * tb
+                if self.launches is None:
+                    staging.gather(pool, ids, b.segment, st.local[at:at + n * tb])
+                offs.append(at)
+                lens.append(n * tb)
         if offs:
             self.pools.sync()  # the engine reads the gather buffer as soon as it is submitted
         offs_a = np.asarray(offs, np.int64)
@@ -962,7 +964,7 @@ def _deregister_arena(engine: TransferEngine, arena: staging.Arena | None) -> No
         return
     try:
         engine.deregister(arena.base)
-    except (TransferError, KeyError):
+    except TransferError:
         pass  # the engine is already closed
 
 
@@ -1234,22 +1236,21 @@ class DecodeEndpoint:
         try:
             for name, (off, nbytes, blocks) in rv.staged.items():
                 link = self.links[self.source_rank[name]]
+                region = self.arena.view(off, nbytes)
                 by_component: dict[str, list] = {}
                 for b in blocks:
-                    e = link.entries[b.entry]
-                    pool = self.pools.view(e.component, e.dst_pos)
-                    dst_ids = ids[e.component]
-                    check_capacity(dst_ids, pool.shape[0], f"decode '{e.component}'")
-                    if self.launches is not None:
-                        by_component.setdefault(e.component, []).append(b)
-                        continue
-                    tb = b.segment.total_bytes
-                    staging.scatter(pool, dst_ids, b.segment,
-                                    self.arena.view(off + b.offset, b.items * tb))
+                    by_component.setdefault(link.entries[b.entry].component, []).append(b)
                 for comp, bs in by_component.items():
-                    if len(ids[comp]):
-                        self.launches.scatter(link, bs, self.pools.view, ids[comp],
-                                              self.arena.view(off, nbytes))
+                    pools = [self.pools.view(comp, link.entries[b.entry].dst_pos) for b in bs]
+                    check_capacity(ids[comp], min(p.shape[0] for p in pools),
+                                   f"decode '{comp}'")
+                    if self.launches is not None:
+                        if len(ids[comp]):
+                            self.launches.scatter(link, bs, self.pools.view, ids[comp], region)
+                        continue
+                    for b, pool in zip(bs, pools, strict=True):
+                        staging.scatter(pool, ids[comp], b.segment,
+                                        region[b.offset:b.offset + b.items * b.segment.total_bytes])
             self.pools.sync()  # Success means the bytes are in the pools
         except (IndexError_, ValueError) as e:
             return f"staged scatter: {e}"

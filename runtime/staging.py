@@ -22,7 +22,6 @@ implement the same gather/scatter contract as single launches.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -231,8 +230,7 @@ class Launches:
 
     Entry tables (the kernel's device-side view of pools and segments) are built once per set
     of blocks and side and kept, at most `limit` of them (streaming asks for one set per
-    layer). On CPU tensors the kernels run in Triton's interpreter, which patches module
-    state while it runs: launches there are serialised (`_INTERPRETER_LOCK`)."""
+    layer)."""
 
     def __init__(self, limit: int = 512):
         from collections import OrderedDict
@@ -268,31 +266,13 @@ class Launches:
         from . import copy_kernels as K
 
         table = self._table("src", link, blocks, view)
-        idx = _index(out, ids)
-        with _launch_guard(out):
-            K.gather(table, idx, out, check_indices=False,
-                     staging_offsets=[b.offset + j0 * b.segment.total_bytes for b in blocks])
+        K.gather(table, _index(out, ids), out, check_indices=False,
+                 staging_offsets=[b.offset + j0 * b.segment.total_bytes for b in blocks])
 
     def scatter(self, link: Link, blocks: list[Block], view, ids: np.ndarray, region) -> None:
         """Every item of every block (all of one component) from a staging region."""
         from . import copy_kernels as K
 
         table = self._table("dst", link, blocks, view)
-        with _launch_guard(region):
-            K.scatter(table, _index(region, ids), region, check_indices=False,
-                      staging_offsets=[b.offset for b in blocks])
-
-
-_INTERPRETER_LOCK = threading.Lock()
-
-
-def _launch_guard(like):
-    """Triton launches on the calling thread's current device: make it the tensors' own (a
-    worker or control thread starts on cuda:0; a launch there would address cuda:1 memory
-    over peer access on cuda:0's stream, which the endpoint's sync of cuda:1 does not wait
-    for)."""
-    if like.device.type == "cpu":
-        return _INTERPRETER_LOCK
-    import torch
-
-    return torch.cuda.device(like.device)
+        K.scatter(table, _index(region, ids), region, check_indices=False,
+                  staging_offsets=[b.offset for b in blocks])
