@@ -12,38 +12,99 @@ callback running on the hub thread.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 
 import zmq
 
 from . import knobs
 
 LOOPBACK = "127.0.0.1"
+_WILDCARDS = ("0.0.0.0", "::", "*")
 
 
 class ControlError(RuntimeError):
     """The control plane could not do what was asked; the message says why."""
 
 
-def _bind_random(sock: zmq.Socket) -> str:
-    port = sock.bind_to_random_port(f"tcp://{LOOPBACK}")
-    return f"tcp://{LOOPBACK}:{port}"
+@dataclass(frozen=True)
+class HostSettings:
+    """Where a process's control sockets listen and what address its peers are told.
+
+    Note [Bind and advertise]: prefill and decode run on different nodes, so a socket must
+    listen on an interface the peer can reach (`bind_host`, possibly a wildcard) and the
+    bootstrap table must carry an address the peer can dial (`advertise_host`, never a
+    wildcard). The same advertise host is handed to the transfer engines that take one
+    (Mooncake's `hostname`), so control and data paths name the same interface. Both are IP
+    literals: a name lookup may leave the machine or resolve differently on the peer.
+    """
+
+    bind_host: str = LOOPBACK
+    advertise_host: str = ""  # "" = bind_host
+
+    @staticmethod
+    def from_knobs() -> HostSettings:
+        return HostSettings(str(knobs.get("bind_host")), str(knobs.get("advertise_host")))
+
+    def __post_init__(self) -> None:
+        for what, host in (("bind_host", self.bind_host), ("advertise_host", self.advertise)):
+            if host in _WILDCARDS and what == "bind_host":
+                continue
+            try:
+                ipaddress.ip_address(host)
+            except ValueError:
+                raise ControlError(
+                    f"{what} {host!r} is not an IP address; hint: give an IPv4 or IPv6 "
+                    f"literal (PDC_{what.upper()}), not a host name") from None
+        if self.advertise in _WILDCARDS:
+            raise ControlError(
+                f"bind_host {self.bind_host!r} is a wildcard, so peers need an address to "
+                f"dial; hint: set advertise_host (PDC_ADVERTISE_HOST) to this node's IP")
+
+    @property
+    def advertise(self) -> str:
+        return self.advertise_host or self.bind_host
+
+    @property
+    def ipv6(self) -> bool:
+        return ":" in self.bind_host or ":" in self.advertise
+
+
+def _tcp(host: str, port: int | None = None) -> str:
+    h = f"[{host}]" if ":" in host else host
+    return f"tcp://{h}" if port is None else f"tcp://{h}:{port}"
+
+
+def enable_ipv6(sock: zmq.Socket, address: str) -> None:
+    """ZeroMQ refuses IPv6 endpoints on a socket without the IPV6 option."""
+    if address.startswith("tcp://["):
+        sock.setsockopt(zmq.IPV6, 1)
+
+
+def _bind_random(sock: zmq.Socket, hosts: HostSettings) -> str:
+    if hosts.ipv6:
+        sock.setsockopt(zmq.IPV6, 1)
+    bind = "*" if hosts.bind_host in _WILDCARDS else hosts.bind_host
+    port = sock.bind_to_random_port(_tcp(bind) if bind != "*" else "tcp://*")
+    return _tcp(hosts.advertise, port)
 
 
 class BootstrapServer:
     """Prefill leader's table of prefill control endpoints: (dp, pp, tp) -> address."""
 
-    def __init__(self, expected: int, ctx: zmq.Context | None = None):
+    def __init__(self, expected: int, ctx: zmq.Context | None = None,
+                 hosts: HostSettings | None = None):
         self.expected = expected
         self.table: dict[str, str] = {}
         self.ctx = ctx or zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.REP)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.MAXMSGSIZE, 64 << 10)
-        self.address = _bind_random(self.sock)
+        self.address = _bind_random(self.sock, hosts or HostSettings.from_knobs())
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pdc-bootstrap", daemon=True)
         self._thread.start()
@@ -93,6 +154,7 @@ def bootstrap_call(address: str, request: dict, timeout_s: float) -> dict:
     sock.setsockopt(zmq.RCVTIMEO, int(timeout_s * 1000))
     sock.setsockopt(zmq.SNDTIMEO, int(timeout_s * 1000))
     try:
+        enable_ipv6(sock, address)
         sock.connect(address)
         sock.send(json.dumps(request).encode())
         reply = json.loads(sock.recv())
@@ -135,7 +197,8 @@ class Hub:
     so a flood from one peer cannot starve them.
     """
 
-    def __init__(self, handler, bind: bool, on_tick=None, ctx: zmq.Context | None = None):
+    def __init__(self, handler, bind: bool, on_tick=None, ctx: zmq.Context | None = None,
+                 hosts: HostSettings | None = None):
         self.ctx = ctx or zmq.Context.instance()
         self.handler = handler  # handler(peer_key: bytes|str, payload: bytes) on the hub thread
         self.on_tick = on_tick  # called on the hub thread at least every 50 ms
@@ -162,7 +225,7 @@ class Hub:
             self._router = self.ctx.socket(zmq.ROUTER)
             self._configure(self._router)
             self._router.setsockopt(zmq.ROUTER_MANDATORY, 0)
-            self.address = _bind_random(self._router)
+            self.address = _bind_random(self._router, hosts or HostSettings.from_knobs())
             self._poller.register(self._router, zmq.POLLIN)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pdc-hub", daemon=True)
@@ -201,6 +264,7 @@ class Hub:
         self._configure(s)
         # A routing id of our own: the peer keeps knowing us across a TCP reconnect.
         s.setsockopt(zmq.ROUTING_ID, uuid.uuid4().bytes)
+        enable_ipv6(s, address)
         s.connect(address)
         self._dealers[name] = s
         self._names[s] = name

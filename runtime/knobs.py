@@ -46,6 +46,12 @@ KNOBS = {k.name: k for k in (
          "while a prefill peer is dead, and re-registers when that rank has a new address "
          "(a restarted prefill rank)"),
     Knob("poll_sleep_s", 0.0002, "s", "idle sleep of the transfer worker between polls"),
+    # ~~~ addresses (Note [Bind and advertise] in control.py) ~~~
+    Knob("bind_host", "127.0.0.1", "IP", "interface the control sockets (bootstrap server, "
+         "hubs) listen on; a wildcard (0.0.0.0, ::) listens on all and then needs "
+         "advertise_host"),
+    Knob("advertise_host", "", "IP", "address peers are told to dial for this process's "
+         "control sockets and its transfer engine (Mooncake's hostname); empty = bind_host"),
     # ~~~ limits (everything keyed by peer input is capped) ~~~
     Knob("max_message_bytes", 64 << 20, "bytes", "control messages above this are refused "
          "by ZeroMQ before decoding (the sending connection is dropped)"),

@@ -164,7 +164,7 @@ class MooncakeEngine(TransferEngine):
 
     def __init__(
         self,
-        hostname: str = "127.0.0.1",
+        hostname: str | None = None,
         protocol: str = "tcp",
         device_filter: str = "",
         max_entries_per_submit: int | None = None,
@@ -172,6 +172,8 @@ class MooncakeEngine(TransferEngine):
     ) -> None:
         """
         hostname: the address peers use to reach this process; use an IP, not a host name.
+          Default: the process's advertise host (knobs bind_host/advertise_host, Note [Bind
+          and advertise] in control.py), so control and data paths name one interface.
         protocol: "tcp" everywhere, "rdma" where RDMA NICs exist (device_filter picks them,
           comma-separated, e.g. "mlx5_0,mlx5_1").
         max_entries_per_submit: the split size; defaults to MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER
@@ -180,6 +182,10 @@ class MooncakeEngine(TransferEngine):
           30 s, at least 5 s); it is what ends a batch to a peer that hangs without dying.
         """
         _prepare_environment()
+        if hostname is None:
+            from ..control import HostSettings
+
+            hostname = HostSettings.from_knobs().advertise
         if max_entries_per_submit is None:
             max_entries_per_submit = _max_entries_from_env()
         if max_entries_per_submit < 1:
