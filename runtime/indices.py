@@ -82,6 +82,50 @@ def window_pairs(chunk: PrefillChunk, target: DecodeTarget, window_tokens: int,
     return src, dst
 
 
+def check_page_coverage(chunks, target: DecodeTarget, page_size: int) -> None:
+    """At the last chunk: the request's pages beyond decode's prefix were sent, all of them,
+    and decode allocated exactly the prompt's pages (Note [Exact page coverage]).
+
+    Note [Exact page coverage]: bounds checks alone let a request end in Success with pages
+    that nobody wrote: decode allocating 7 pages for a 5-page prompt, or chunks that skip
+    pages 0-2. Once prefill has the last chunk it knows the prompt's length (`seq_len`), so
+    it checks that decode's page list has exactly pages_of(seq_len) entries and that the
+    chunks' absolute positions cover every page from decode's first non-prefix page to the
+    end. A page partly inside the prefix counts as beyond it (it is sent, see
+    chunk_page_pairs). A mismatch fails that request only, naming both counts.
+    """
+    chunks = list(chunks)
+    last = chunks[-1]
+    want = pages_of(last.seq_len, page_size)
+    have = len(target.page_ids)
+    if have != want:
+        raise IndexError_(f"the prompt has {want} pages ({last.seq_len} tokens) but decode "
+                          f"allocated {have}")
+    if target.prefix_len > last.seq_len:
+        raise IndexError_(f"decode holds a prefix of {target.prefix_len} tokens but the prompt "
+                          f"has only {last.seq_len}")
+    first = target.prefix_len // page_size
+    covered = np.zeros(want, bool)
+    for c in chunks:
+        lo = max(0, min(want, c.page_start))
+        covered[lo:max(lo, min(want, c.page_start + len(c.page_ids)))] = True
+    missing = np.flatnonzero(~covered[first:]) + first
+    if len(missing):
+        need = want - first
+        raise IndexError_(f"prefill sent {need - len(missing)} of the {need} pages beyond "
+                          f"decode's prefix (positions {first}..{want - 1}); missing "
+                          f"{_ranges(missing)}")
+
+
+def _ranges(positions: np.ndarray) -> str:
+    """'0-2, 5' for [0, 1, 2, 5]; at most four ranges, then how many more."""
+    runs = np.split(positions, np.flatnonzero(np.diff(positions) != 1) + 1)
+    text = [f"{r[0]}-{r[-1]}" if len(r) > 1 else f"{r[0]}" for r in runs[:4]]
+    if len(runs) > 4:
+        text.append(f"and {len(runs) - 4} more ranges")
+    return ", ".join(text)
+
+
 def ring_pairs(src_slot: int, dst_slot: int, ring_rows: int) -> tuple[np.ndarray, np.ndarray]:
     """Rows slot*R .. slot*R+R-1 on both sides (row = slot * R + pos % R)."""
     r = np.arange(ring_rows, dtype=np.int64)

@@ -1,0 +1,68 @@
+"""Exact page coverage at the last chunk (Note [Exact page coverage])."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pdc.runtime.indices import DecodeTarget, IndexError_, PrefillChunk, check_page_coverage
+
+PAGE = 4
+
+
+def _chunk(start: int, n: int, seq_len: int, last: bool) -> PrefillChunk:
+    return PrefillChunk(start, np.arange(100 + start, 100 + start + n, dtype=np.int64), last,
+                        seq_len)
+
+
+def _target(pages: int, prefix: int = 0) -> DecodeTarget:
+    return DecodeTarget(np.arange(pages, dtype=np.int64), prefix)
+
+
+def test_whole_prompt_in_chunks_passes():
+    check_page_coverage([_chunk(0, 2, 8, False), _chunk(2, 3, 18, True)], _target(5), PAGE)
+
+
+def test_prefix_pages_may_be_skipped():
+    # 9 tokens held by decode: pages 0-1 full, page 2 partly; pages 2..4 must be sent.
+    check_page_coverage([_chunk(2, 3, 18, True)], _target(5, prefix=9), PAGE)
+
+
+def test_partial_prefix_page_must_still_be_sent():
+    with pytest.raises(IndexError_) as e:
+        check_page_coverage([_chunk(3, 2, 18, True)], _target(5, prefix=9), PAGE)
+    assert str(e.value) == ("prefill sent 2 of the 3 pages beyond decode's prefix "
+                            "(positions 2..4); missing 2")
+
+
+def test_decode_allocated_more_pages_than_the_prompt_has():
+    with pytest.raises(IndexError_) as e:
+        check_page_coverage([_chunk(0, 5, 18, True)], _target(7), PAGE)
+    assert str(e.value) == "the prompt has 5 pages (18 tokens) but decode allocated 7"
+
+
+def test_decode_allocated_fewer_pages():
+    with pytest.raises(IndexError_) as e:
+        check_page_coverage([_chunk(0, 4, 18, True)], _target(4), PAGE)
+    assert str(e.value) == "the prompt has 5 pages (18 tokens) but decode allocated 4"
+
+
+def test_chunks_that_skip_the_first_pages():
+    with pytest.raises(IndexError_) as e:
+        check_page_coverage([_chunk(3, 2, 18, True)], _target(5), PAGE)
+    assert str(e.value) == ("prefill sent 2 of the 5 pages beyond decode's prefix "
+                            "(positions 0..4); missing 0-2")
+
+
+def test_a_gap_between_chunks():
+    with pytest.raises(IndexError_) as e:
+        check_page_coverage([_chunk(0, 1, 4, False), _chunk(2, 1, 12, False),
+                             _chunk(4, 1, 18, True)], _target(5), PAGE)
+    assert str(e.value) == ("prefill sent 3 of the 5 pages beyond decode's prefix "
+                            "(positions 0..4); missing 1, 3")
+
+
+def test_prefix_longer_than_the_prompt():
+    with pytest.raises(IndexError_) as e:
+        check_page_coverage([_chunk(0, 5, 18, True)], _target(5, prefix=20), PAGE)
+    assert str(e.value) == "decode holds a prefix of 20 tokens but the prompt has only 18"
