@@ -63,7 +63,13 @@ from . import wire as W
 from .control import ControlError, Hub, bootstrap_call, fetch_table
 from .datapath import LocalBuffer, RemoteBuffer, build_descriptors, component_pairs
 from .engines.base import BatchState, TransferEngine, TransferError
-from .indices import DecodeTarget, IndexError_, PrefillChunk, check_capacity
+from .indices import (
+    DecodeTarget,
+    IndexError_,
+    PrefillChunk,
+    check_capacity,
+    check_page_coverage,
+)
 from .layout_types import FamilyLayout
 from .plan_types import Plan, RankId, dp_group_of_room
 from .pools import RankPools, address
@@ -93,6 +99,23 @@ class RequestStats:
     t_done: float = 0.0
 
 
+def check_backend(plan: Plan, engine: TransferEngine) -> None:
+    """A plan runs only over the engine it was lowered for (Note [Plan backend]).
+
+    Note [Plan backend]: lowering applies the backend's rules (NIXL and MORI refuse
+    heterogeneous attention TP, MORI refuses PP), so a plan lowered for Mooncake and run over
+    NIXL would bypass NIXL's refusal. Each endpoint refuses a plan for another engine before
+    it registers anything; the plan digest exchanged in the handshake covers the backend, so
+    two sides that pass this check with different plans are refused there.
+    """
+    if plan.topology.backend != engine.name:
+        raise ValueError(
+            f"the plan was lowered for backend '{plan.topology.backend}' but this endpoint's "
+            f"engine is '{engine.name}'; hint: lower the plan for '{engine.name}' (its "
+            "backend rules may refuse this topology) or run the "
+            f"'{plan.topology.backend}' engine")
+
+
 def _peer_name(side: str, dp: int, rank: RankId) -> str:
     return f"{side}.dp{dp}.{rank}"
 
@@ -111,6 +134,7 @@ class _Chunk:
     stream: bool
     ready_layers: set = field(default_factory=set)
     all_ready: bool = False
+    coverage_checked: bool = False
     sent_layers: set = field(default_factory=set)
     sent_all: bool = False
 
@@ -174,6 +198,7 @@ class _Room:
     last_range: tuple = (0, 0)  # (page_start, page_count) of the last chunk
     retired: bool = False
     created_by: _Peer | None = None  # the peer whose request created the room
+    decode_dp: int | None = None  # decode DP group serving it (Note [DP routing]); None: unknown
     stats: RequestStats = field(default_factory=RequestStats)
 
     def fail(self, reason: str) -> bool:
@@ -197,6 +222,7 @@ class _Final:
 class PrefillEndpoint:
     def __init__(self, layout: FamilyLayout, wire_module, plan: Plan, rank: RankId,
                  dp_group: int, engine: TransferEngine, pools: RankPools, bootstrap: str):
+        check_backend(plan, engine)
         self.layout = layout
         self.wire = wire_module
         self.plan = plan
@@ -206,6 +232,7 @@ class PrefillEndpoint:
         self.engine = engine
         self.pools = pools
         self.page_size = plan.topology.prefill.page_size
+        self._has_pages = any(c.index == "page" for c in layout.components)
         self.links = {lk.decode: lk for lk in plan.links_from(rank)}
         self.local = {
             name: [LocalBuffer(pools.address(name, i), b.item_bytes, b.capacity)
@@ -244,10 +271,17 @@ class PrefillEndpoint:
 
     # ~~~ serving-engine API ~~~
 
-    def sender(self, room: int, generation: int | None = None) -> PrefillSender:
+    def sender(self, room: int, generation: int | None = None,
+               decode_dp_group: int | None = None) -> PrefillSender:
         """Start (or join) this rank's use of `room` (Note [Room uses]). Pass the request's
         generation when the scheduler knows it (the router handed it out with the room): the
-        sender then serves that generation only, even if it comes late."""
+        sender then serves that generation only, even if it comes late. `decode_dp_group` is
+        the router's choice of decode DP group (Note [DP routing]); without it the group is
+        learned from the first TransferRequest."""
+        ddp = self.plan.topology.decode.dp
+        if decode_dp_group is not None and not 0 <= decode_dp_group < ddp:
+            raise ValueError(f"room {room}: decode dp group {decode_dp_group} does not exist "
+                             f"(the plan has {ddp})")
         g = generation
         with self.lock:
             live = self.rooms.get(room)
@@ -279,6 +313,11 @@ class PrefillEndpoint:
             else:
                 raise ValueError(f"room {room} already has a live sender")
             r.has_sender = True
+            if decode_dp_group is not None:
+                if r.decode_dp is not None and r.decode_dp != decode_dp_group:
+                    r.fail(f"the router chose decode dp group {decode_dp_group} for room "
+                           f"{room}, but its transfer request came from group {r.decode_dp}")
+                r.decode_dp = decode_dp_group
             return PrefillSender(self, r)
 
     def _ended(self, room: int, generation: int | None, reason: str) -> PrefillSender:
@@ -468,7 +507,7 @@ class PrefillEndpoint:
                 for r in self.rooms.values():
                     if any(t.peer is old for t in r.targets.values()) or (
                             msg.rank not in r.targets and r.state not in _TERMINAL and
-                            dp_group_of_room(r.room, ddp) == msg.dp_group):
+                            self._decode_group(r) == msg.dp_group):
                         r.fail(f"decode rank {name} registered again (restarted); requests of "
                                "its previous incarnation fail")
             self.peers[key] = new
@@ -480,20 +519,33 @@ class PrefillEndpoint:
         """The registered peer a request or abort must come from, or why it may not."""
         if rank not in self.links:
             return f"decode rank {rank} has no link to prefill rank {self.rank}"
-        g = dp_group_of_room(room, self.plan.topology.decode.dp)
-        peer = self.peers.get((g, rank))
-        if peer is None or peer.identity != identity:
-            return (f"room {room} belongs to decode rank {_peer_name('decode', g, rank)}, and "
-                    "this connection did not register as that rank")
+        peer = self.by_identity.get(identity)
+        if peer is None or peer.rank != rank:
+            return f"room {room}: this connection did not register as decode rank {rank}"
         return peer
+
+    def _decode_group(self, r: _Room) -> int:
+        """Note [DP routing]: the router chooses a request's prefill DP rank and decode DP
+        group and hands both to the schedulers; a request carries them instead of each side
+        deriving them from the room id. Decode sends its TransferRequests only to the prefill
+        group it was told (`receiver(..., prefill_dp_group=)`); prefill learns the decode
+        group from `sender(..., decode_dp_group=)` or from the first TransferRequest (the
+        group its sender registered in), and refuses requests and aborts from another group.
+        Until either says, the default routing (room % dp) stands in, as when a router
+        passes nothing."""
+        if r.decode_dp is not None:
+            return r.decode_dp
+        return dp_group_of_room(r.room, self.plan.topology.decode.dp)
+
+    def _other_group(self, r: _Room, peer: _Peer) -> str:
+        if r.decode_dp is None or r.decode_dp == peer.dp:
+            return ""
+        return (f"room {r.room} is served by decode dp group {r.decode_dp}, and {peer.name} "
+                f"is in group {peer.dp}")
 
     def _on_request(self, identity: bytes, msg) -> None:
         room, gen, rank = msg.room, msg.generation, msg.decode_rank
-        g = dp_group_of_room(room, self.plan.topology.prefill.dp)
-        if g != self.dp_group:
-            self._reject(identity, "request", f"room {room} belongs to prefill dp group {g}",
-                         room, gen)
-            return
+        # Any prefill DP group may serve any room: decode sends to the group the router chose.
         peer = self._requester(identity, room, rank)
         if isinstance(peer, str):
             self._reject(identity, "request", peer, room, gen)
@@ -537,8 +589,13 @@ class PrefillEndpoint:
                 self.counters["superseded"] += 1
                 return
             r.generation = gen
+            other = self._other_group(r, peer)
+            if other:
+                self._reject(identity, "request", other, room, gen)
+                return
             if r.state == KVPoll.Failed:
                 return  # the use is draining; its Failed status goes to this rank too
+            r.decode_dp = peer.dp
             if rank in r.targets:
                 self.counters["duplicate_requests"] += 1
                 return
@@ -604,6 +661,10 @@ class PrefillEndpoint:
                     nxt.fail("aborted by decode")
                 self._reply(identity, ack)
                 return
+            other = self._other_group(r, peer)
+            if other:
+                self._reject(identity, "abort", f"abort refused: {other}")
+                return
             r.aborted_by[rank] = (identity, gen)
             if r.stats.batches and r.state not in _TERMINAL:
                 self.counters["aborts_mid_transfer"] += 1
@@ -639,13 +700,13 @@ class PrefillEndpoint:
                 self.counters["peers_dead"] += 1
                 for r in self.rooms.values():
                     if p.rank in self.links and r.state not in _TERMINAL and \
-                            dp_group_of_room(r.room, self.plan.topology.decode.dp) == p.dp:
+                            self._decode_group(r) == p.dp:
                         r.fail(f"decode peer {p.name} silent for {dead_after} s")
 
     # ~~~ transfer worker ~~~
 
-    def _peers_of(self, room: int) -> list[tuple[RankId, _Peer | None]]:
-        g = dp_group_of_room(room, self.plan.topology.decode.dp)
+    def _peers_of(self, r: _Room) -> list[tuple[RankId, _Peer | None]]:
+        g = self._decode_group(r)
         return [(d, self.peers.get((g, d))) for d in self.links]
 
     def _work(self) -> None:
@@ -695,7 +756,7 @@ class PrefillEndpoint:
             if r.state not in _TERMINAL and now - r.created > knobs.get("prefill_room_timeout_s"):
                 r.fail(self._timeout_reason(r))
             state = r.state
-            peers = self._peers_of(r.room)
+            peers = self._peers_of(r)
         if state == KVPoll.Failed:
             return self._finish_failed(r)
         if r.inflight:
@@ -724,6 +785,12 @@ class PrefillEndpoint:
                 if r.state == KVPoll.Failed:
                     return True  # stop issuing: an abort or a failure arrived meanwhile
             try:
+                if c.chunk.last and not c.coverage_checked and self._has_pages:
+                    # Before the last chunk's first write (Note [Exact page coverage]).
+                    for t in r.targets.values():
+                        check_page_coverage([x.chunk for x in r.chunks], t.target,
+                                            self.page_size)
+                    c.coverage_checked = True
                 self._submit(r, c, layers)
                 if finished and r.checksum:
                     self._digest_chunk(r, c)
@@ -753,7 +820,7 @@ class PrefillEndpoint:
 
     def _timeout_reason(self, r: _Room) -> str:
         t = knobs.get("prefill_room_timeout_s")
-        missing = [str(d) for d, _ in self._peers_of(r.room) if d not in r.targets]
+        missing = [str(d) for d, _ in self._peers_of(r) if d not in r.targets]
         if missing:
             return f"no transfer request from decode rank(s) {', '.join(missing)} within {t} s"
         if not r.has_sender or not r.last_seen:
@@ -883,7 +950,7 @@ class PrefillEndpoint:
             reason = r.reason or "failed"
             gen = r.generation
             sends = []
-            for d, p in self._peers_of(r.room):
+            for d, p in self._peers_of(r):
                 if d in r.aborted_by:
                     ident, agen = r.aborted_by[d]
                     sends.append((ident, W.AbortAck(room=r.room, generation=agen,
@@ -1079,6 +1146,7 @@ class _Recv:
 class DecodeEndpoint:
     def __init__(self, layout: FamilyLayout, wire_module, plan: Plan, rank: RankId,
                  dp_group: int, engine: TransferEngine, pools: RankPools, bootstrap: str):
+        check_backend(plan, engine)
         self.layout = layout
         self.wire = wire_module
         self.plan = plan
@@ -1155,8 +1223,11 @@ class DecodeEndpoint:
                                    f"{timeout_s} s")
             time.sleep(0.005)
 
-    def receiver(self, room: int, generation: int = 0) -> DecodeReceiver:
-        return DecodeReceiver(self, room, generation)
+    def receiver(self, room: int, generation: int = 0,
+                 prefill_dp_group: int | None = None) -> DecodeReceiver:
+        """Decode's handle on one use of `room`. `prefill_dp_group` is the router's choice
+        of prefill DP rank (Note [DP routing]); without it, room % prefill dp."""
+        return DecodeReceiver(self, room, generation, prefill_dp_group)
 
     def stats(self) -> dict:
         with self.lock:
@@ -1172,8 +1243,13 @@ class DecodeEndpoint:
         self.hub.close()
         _deregister_arena(self.engine, self.arena)
 
-    def _sources_for(self, room: int) -> set[str]:
-        g = dp_group_of_room(room, self.plan.topology.prefill.dp)
+    def _sources_for(self, room: int, prefill_dp_group: int | None) -> set[str]:
+        """The prefill ranks of the group the router chose (Note [DP routing])."""
+        pdp = self.plan.topology.prefill.dp
+        g = dp_group_of_room(room, pdp) if prefill_dp_group is None else prefill_dp_group
+        if not 0 <= g < pdp:
+            raise ValueError(f"room {room}: prefill dp group {g} does not exist (the plan has "
+                             f"{pdp})")
         return {_peer_name("prefill", g, s) for s in self.sources}
 
     # ~~~ request state (caller holds the lock) ~~~
@@ -1439,16 +1515,18 @@ class DecodeEndpoint:
 class DecodeReceiver:
     """Decode's handle on one (room, generation)."""
 
-    def __init__(self, ep: DecodeEndpoint, room: int, generation: int):
+    def __init__(self, ep: DecodeEndpoint, room: int, generation: int,
+                 prefill_dp_group: int | None = None):
         self.ep = ep
         self.room = room
         self.generation = generation
+        sources = ep._sources_for(room, prefill_dp_group)
         with ep.lock:
             key = (room, generation)
             if key in ep.recvs:
                 raise ValueError(f"room {room} generation {generation} is in use; a new use of "
                                  "the room needs a new generation")
-            self._rv = ep.recvs[key] = _Recv(room, generation, ep._sources_for(room))
+            self._rv = ep.recvs[key] = _Recv(room, generation, sources)
 
     def init(self, page_ids, prefix_len: int = 0, *, slot: int = -1, ring_slot: int = -1,
              aux_row: int = -1, window_page_ids=None) -> None:

@@ -1,0 +1,100 @@
+"""Exact index lengths through the endpoints (Note [Exact page coverage]): a request whose pages
+do not cover the prompt, or whose slot is missing, fails with both counts; other requests are
+untouched and the next one succeeds."""
+
+from __future__ import annotations
+
+import pytest
+from pdc.runtime import knobs
+from pdc.runtime.endpoints import KVPoll
+
+from .failure_tools import Family, Pair, fill, tight_knobs, values, wait_for
+
+PAGE = 4
+
+
+@pytest.fixture(scope="module")
+def fam():
+    return Family()
+
+
+@pytest.fixture
+def pair(fam):
+    tight_knobs()
+    p = Pair(fam)
+    yield p
+    p.close()
+    knobs.reset()
+
+
+def _failed_with(s, rv, reason_part: str) -> None:
+    wait_for(lambda: s.poll() == KVPoll.Failed, what="prefill failure")
+    wait_for(lambda: rv.poll() == KVPoll.Failed, what="decode failure")
+    assert reason_part in s.reason, s.reason
+    assert reason_part in rv.reason, rv.reason
+
+
+def _healthy_request(pair, room: int) -> None:
+    pages, slot = [9, 10], 3
+    fill(pair.ppools, pages, slot, 0x77)
+    fill(pair.dpools, pages, slot, 0)
+    rv = pair.dec.receiver(room, 0)
+    rv.init(pages, 0, slot=slot, aux_row=slot)
+    pair.pre.sender(room).send(pages, 0, True, 2 * PAGE, slot=slot, aux_row=slot)
+    wait_for(lambda: rv.poll() == KVPoll.Success, what="the next request")
+    assert values(pair.dpools, pages, slot) == {0x77}
+
+
+def test_decode_allocated_more_pages_than_the_prompt(pair):
+    fill(pair.ppools, range(5), 0, 0x21)
+    fill(pair.dpools, range(7), 0, 0)
+    rv = pair.dec.receiver(1, 0)
+    rv.init(list(range(7)), 0, slot=0, aux_row=0)
+    s = pair.pre.sender(1)
+    s.send(list(range(5)), 0, True, 5 * PAGE, slot=0, aux_row=0)
+    _failed_with(s, rv, "bad index: the prompt has 5 pages (20 tokens) but decode allocated 7")
+    _healthy_request(pair, 2)
+
+
+def test_chunks_that_skip_pages_0_to_2(pair):
+    rv = pair.dec.receiver(3, 0)
+    rv.init(list(range(5)), 0, slot=0, aux_row=0)
+    s = pair.pre.sender(3)
+    s.send([3, 4], 3, True, 5 * PAGE, slot=0, aux_row=0)
+    _failed_with(s, rv, "bad index: prefill sent 2 of the 5 pages beyond decode's prefix "
+                        "(positions 0..4); missing 0-2")
+    _healthy_request(pair, 4)
+
+
+def test_a_chunk_in_the_middle_never_sent(pair):
+    rv = pair.dec.receiver(5, 0)
+    rv.init(list(range(4)), 0, slot=0, aux_row=0)
+    s = pair.pre.sender(5)
+    s.send([0], 0, False, PAGE)
+    s.send([2, 3], 2, True, 4 * PAGE, slot=0, aux_row=0)
+    _failed_with(s, rv, "missing 1")
+
+
+def test_pages_below_the_decode_prefix_are_not_needed_and_not_touched(pair):
+    # Decode holds 8 tokens (pages 0-1); prefill sends the whole prompt, pages 2-3 are written.
+    fill(pair.ppools, range(4), 0, 0x42)
+    fill(pair.dpools, range(4), 0, 0)
+    fill(pair.dpools, [0, 1], 0, 0x99)  # decode's own prefix pages
+    rv = pair.dec.receiver(6, 0)
+    rv.init(list(range(4)), 2 * PAGE, slot=0, aux_row=0)
+    pair.pre.sender(6).send(list(range(4)), 0, True, 4 * PAGE, slot=0, aux_row=0)
+    wait_for(lambda: rv.poll() == KVPoll.Success, what="success")
+    kv0 = {int(x) for pos in range(len(pair.dpools.buffers["kv"]))
+           for x in set(pair.dpools.view("kv", pos)[[0, 1]].ravel().tolist())}
+    kv1 = {int(x) for pos in range(len(pair.dpools.buffers["kv"]))
+           for x in set(pair.dpools.view("kv", pos)[[2, 3]].ravel().tolist())}
+    assert kv0 == {0x99} and kv1 == {0x42}
+
+
+def test_missing_slot_fails_with_its_reason(pair):
+    rv = pair.dec.receiver(7, 0)
+    rv.init([0, 1], 0, slot=0, aux_row=0)
+    s = pair.pre.sender(7)
+    s.send([0, 1], 0, True, 2 * PAGE, aux_row=0)
+    _failed_with(s, rv, "bad index: component 'conv' needs a slot on both sides")
+    _healthy_request(pair, 8)
