@@ -503,7 +503,6 @@ class PrefillEndpoint:
                 # for its request would wait for a request that the new process never sends.
                 self.counters["reregistrations"] += 1
                 self.by_identity.pop(old.identity, None)
-                ddp = self.plan.topology.decode.dp
                 for r in self.rooms.values():
                     if any(t.peer is old for t in r.targets.values()) or (
                             msg.rank not in r.targets and r.state not in _TERMINAL and

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from pdc.runtime.endpoints import DecodeEndpoint, PrefillEndpoint
 from pdc.runtime.engines.local import LocalEngine
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from pdc.runtime.indices import DecodeTarget, IndexError_, PrefillChunk, check_page_coverage
 
 PAGE = 4
