@@ -299,6 +299,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     arg("--stream", action="store_true",
         help="send per layer: prefill calls layer_done(layer) in forward order, then "
              "forward_done(), and each layer leaves in its own batch"),
+    arg("--metrics-port", type=int, default=None, metavar="PORT",
+        help="serve the per-request transfer metrics of every rank (Prometheus text format, "
+             "pdc:kv_transfer_*) on 127.0.0.1:PORT/metrics while the demo runs; 0 picks a "
+             "free port"),
 )
 def cmd_demo(args: argparse.Namespace) -> int:
     """Run prefill and decode ranks as local processes and verify every transferred byte.
@@ -324,9 +328,29 @@ def cmd_demo(args: argparse.Namespace) -> int:
         decode, note = default_decode(spec, args.prefill, args.engine)
         if note:
             print(f"pdc demo: {note}")
-    return run_demo(spec, args.prefill, decode, args.engine, args.requests,
-                    concurrency=args.concurrency, seed=args.seed, timeout_s=args.timeout,
-                    stream=args.stream)
+    metrics = None
+    if args.metrics_port is not None:
+        if not 0 <= args.metrics_port <= 65535:
+            _err(f"pdc demo: error: --metrics-port {args.metrics_port} is not a TCP port "
+                 "(0-65535; 0 picks a free one)")
+            return 2
+        from pdc.runtime.metrics import TransferMetrics
+
+        metrics = TransferMetrics()
+        try:
+            port = metrics.serve(args.metrics_port)
+        except OSError as e:
+            _err(f"pdc demo: error: cannot serve metrics on port {args.metrics_port}: "
+                 f"{e.strerror}")
+            return 2
+        print(f"pdc demo: metrics on http://127.0.0.1:{port}/metrics")
+    try:
+        return run_demo(spec, args.prefill, decode, args.engine, args.requests,
+                        concurrency=args.concurrency, seed=args.seed, timeout_s=args.timeout,
+                        stream=args.stream, metrics=metrics)
+    finally:
+        if metrics is not None:
+            metrics.close()
 
 
 @command(

@@ -88,6 +88,7 @@ def _rank_loop(cmd_q, res_q, cfg: DemoConfig, side: str, dp: int, pp: int, tp: i
     from pdc.runtime import knobs
     from pdc.runtime.endpoints import KVPoll
     from pdc.runtime.engines import make_engine
+    from pdc.runtime.metrics import RecordBuffer
     from pdc.runtime.plan_types import Plan, RankId, dp_group_of_room
     from pdc.runtime.pools import Capacity, RankPools
 
@@ -106,8 +107,9 @@ def _rank_loop(cmd_q, res_q, cfg: DemoConfig, side: str, dp: int, pp: int, tp: i
     cap = Capacity(pages=cfg.pages, slots=cfg.slots, aux_rows=cfg.slots, window_pages=cfg.pages)
     pools = RankPools(layout, plan.registration(side, rank), cap)
     engine = make_engine(cfg.engine)
-    ep = open_endpoint(side, layout, wire_mod, plan, rank, dp, engine, pools, bootstrap)
-    res_q.put(("ready", side, dp, pp, tp))
+    records = RecordBuffer()
+    ep = open_endpoint(side, layout, wire_mod, plan, rank, dp, engine, pools, bootstrap, records)
+    res_q.put(("ready", side, dp, pp, tp, ep.transport.describe()))
     my_dp = topo.prefill.dp if side == ROLE_PREFILL else topo.decode.dp
     while True:
         cmd = cmd_q.get()
@@ -184,7 +186,7 @@ def _rank_loop(cmd_q, res_q, cfg: DemoConfig, side: str, dp: int, pp: int, tp: i
                 time.sleep(0.001)
             for rv, _, _ in recvs.values():
                 rv.release()
-        res_q.put(("wave", side, dp, pp, tp, results))
+        res_q.put(("wave", side, dp, pp, tp, results, records.drain()))
     ep.close()
     if boot is not None:
         boot.close()
@@ -273,10 +275,12 @@ def default_decode(spec_path: str, prefill: str, engine: str) -> tuple[str, str]
 def run_demo(spec_path: str, prefill: str, decode: str, engine: str, requests: int,
              concurrency: int = 4, seed: int = 0, timeout_s: float = 60.0,
              out=sys.stdout, faults: dict[int, str] | None = None, stream: bool = False,
-             summary: dict | None = None) -> int:
+             summary: dict | None = None, metrics=None) -> int:
     """Run the demo; `faults` maps request indices to an injected fault (see Req.fault);
     `stream` sends per layer as a forward reports them (_play_forward); `summary`, when
-    given, receives the printed figures as numbers (for bench/ and tests).
+    given, receives the printed figures as numbers (for bench/ and tests); `metrics`, a
+    runtime.metrics.TransferMetrics, receives every rank's per-request records after each
+    wave (serve it to scrape them while the demo runs).
     Exit code 0 when every request ended as expected (verified, or failed cleanly as its
     fault demands)."""
     from pdc.compiler.diagnostics import SpecErrors
@@ -333,8 +337,7 @@ def run_demo(spec_path: str, prefill: str, decode: str, engine: str, requests: i
         msg = get()
         boot = msg[1]
         procs.broadcast(boot)
-        for _ in ranks:
-            get()
+        transports = sorted({get()[5] for _ in ranks})
         outcome: dict[int, list] = {}
         done = 0
         for w in range(0, requests, concurrency):
@@ -345,6 +348,9 @@ def run_demo(spec_path: str, prefill: str, decode: str, engine: str, requests: i
                 m = get(timeout=timeout_s + 30)
                 for res in m[5]:
                     outcome.setdefault(res[0], []).append((m[1], res))
+                if metrics is not None:
+                    for rec in m[6]:
+                        metrics.observe(rec)
             done += len(wave)
             bar = "#" * (30 * done // requests)
             print(f"\r  [{bar:<30}] {done}/{requests}", end="", file=sys.stderr, flush=True)
@@ -359,10 +365,11 @@ def run_demo(spec_path: str, prefill: str, decode: str, engine: str, requests: i
     procs.join()
     wall = time.monotonic() - t_start
     procs.close()
-    return _report(outcome, reqs, wall, out, summary if summary is not None else {})
+    return _report(outcome, reqs, wall, out, summary if summary is not None else {},
+                   transports)
 
 
-def _report(outcome, reqs, wall, out, summary: dict) -> int:
+def _report(outcome, reqs, wall, out, summary: dict, transports: list[str]) -> int:
     ok, failed, reasons, nbytes, lat, desc, xfer = 0, 0, [], 0, [], 0, []
     staged, links, batches = 0, 0, 0
     faulted = []
@@ -395,7 +402,7 @@ def _report(outcome, reqs, wall, out, summary: dict) -> int:
     summary.update(ok=ok, failed=failed, bytes=nbytes, descriptors=desc, batches=batches,
                    staged_links=staged, links=links, transfer_s=busy,
                    gbps=nbytes / busy / 1e9 if busy else 0.0, wall_s=wall,
-                   p50_ms=float(p50), p99_ms=float(p99))
+                   p50_ms=float(p50), p99_ms=float(p99), transports=transports)
     rows = [("requests ok", f"{ok}"), ("requests failed", f"{failed}"),
             ("bytes moved", f"{nbytes / 2**20:.1f} MiB (every byte verified)"),
             ("descriptors", f"{desc} in {batches} batches (staged path on {staged} of {links} "
@@ -405,6 +412,7 @@ def _report(outcome, reqs, wall, out, summary: dict) -> int:
             ("wall", f"{wall:.1f} s (labels, verification and process start included)"),
             ("latency p50", f"{p50:.1f} ms (decode init to verified Success)"),
             ("latency p99", f"{p99:.1f} ms")]
+    rows += [("transport", t) for t in transports]
     for k, v in rows:
         print(f"  {k:<16} {v}", file=out)
     for line in reasons[:10]:

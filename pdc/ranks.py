@@ -69,13 +69,14 @@ def bootstrap_server(plan):
 
 
 def open_endpoint(side: str, layout, wire_mod, plan, rank, dp: int, engine, pools,
-                  bootstrap: str):
+                  bootstrap: str, metrics=None):
     """A PrefillEndpoint, or a DecodeEndpoint that every linked prefill rank accepted."""
     from pdc.runtime.endpoints import DecodeEndpoint, PrefillEndpoint
 
     if side == ROLE_PREFILL:
-        return PrefillEndpoint(layout, wire_mod, plan, rank, dp, engine, pools, bootstrap)
-    ep = DecodeEndpoint(layout, wire_mod, plan, rank, dp, engine, pools, bootstrap)
+        return PrefillEndpoint(layout, wire_mod, plan, rank, dp, engine, pools, bootstrap,
+                               metrics)
+    ep = DecodeEndpoint(layout, wire_mod, plan, rank, dp, engine, pools, bootstrap, metrics)
     ep.wait_ready()
     return ep
 

@@ -71,6 +71,7 @@ from .indices import (
     check_page_coverage,
 )
 from .layout_types import FamilyLayout
+from .metrics import RecordBuffer, TransferMetrics, TransferRecord, emit
 from .plan_types import Plan, RankId, dp_group_of_room
 from .pools import RankPools, address
 
@@ -199,6 +200,7 @@ class _Room:
     retired: bool = False
     created_by: _Peer | None = None  # the peer whose request created the room
     decode_dp: int | None = None  # decode DP group serving it (Note [DP routing]); None: unknown
+    t_requested: float = 0.0  # every linked decode rank's TransferRequest arrived
     stats: RequestStats = field(default_factory=RequestStats)
 
     def fail(self, reason: str) -> bool:
@@ -221,8 +223,12 @@ class _Final:
 
 class PrefillEndpoint:
     def __init__(self, layout: FamilyLayout, wire_module, plan: Plan, rank: RankId,
-                 dp_group: int, engine: TransferEngine, pools: RankPools, bootstrap: str):
+                 dp_group: int, engine: TransferEngine, pools: RankPools, bootstrap: str,
+                 metrics: TransferMetrics | RecordBuffer | None = None):
         check_backend(plan, engine)
+        self.metrics = metrics  # per-request records (runtime/metrics.py); None: log knob only
+        self.rank_label = f"dp{dp_group}.pp{rank.pp}.tp{rank.tp}"
+        self.transport = engine.transport()  # Note [Reported transport]
         self.layout = layout
         self.wire = wire_module
         self.plan = plan
@@ -382,7 +388,8 @@ class PrefillEndpoint:
             out.update(rooms=len(self.rooms), finished=len(self.finished),
                        peers=len(self.peers), engine_peers=len(self.engine_peers),
                        dropped_sends=self.hub.dropped, handler_errors=self.hub.handler_errors,
-                       max_stall_ms=round(self.max_stall_s * 1e3))
+                       max_stall_ms=round(self.max_stall_s * 1e3),
+                       transport=self.transport.describe())
             return out
 
     def close(self) -> None:
@@ -604,6 +611,8 @@ class PrefillEndpoint:
                 r.fail(f"bad index from decode {rank}: {why}")
                 return
             r.targets[rank] = _Target(target, peer, identity, staged)
+            if len(r.targets) == len(self.links):
+                r.t_requested = time.monotonic()
             if r.state < KVPoll.WaitingForInput:
                 r.state = KVPoll.WaitingForInput
 
@@ -980,6 +989,12 @@ class PrefillEndpoint:
             r.created_by = None
         r.retired = True
         r.inflight = [] if r.state == KVPoll.Failed else r.inflight
+        emit(self.metrics, TransferRecord(
+            side="prefill", rank=self.rank_label, room=r.room, ok=r.state == KVPoll.Success,
+            reason=r.reason if r.state == KVPoll.Failed else "", bytes=r.stats.bytes,
+            descriptors=r.stats.descriptors, batches=r.stats.batches, engine=self.engine.name,
+            t_start=r.created, t_bootstrap_done=r.t_requested, t_first_write=r.stats.t_init,
+            t_done=time.monotonic()))
         self._remember(r.room, _Final(r.state, r.reason, r.generation, r.has_sender))
         nxt, r.successor = r.successor, None
         if nxt is None:
@@ -1140,12 +1155,18 @@ class _Recv:
     bytes: int = 0
     staged: dict = field(default_factory=dict)  # source name -> (arena offset, bytes, blocks)
     staged_links: int = 0  # links init() sent through the staged path
+    t_start: float = field(default_factory=time.monotonic)  # receiver() made
+    t_requested: float = 0.0  # init() sent the TransferRequests
 
 
 class DecodeEndpoint:
     def __init__(self, layout: FamilyLayout, wire_module, plan: Plan, rank: RankId,
-                 dp_group: int, engine: TransferEngine, pools: RankPools, bootstrap: str):
+                 dp_group: int, engine: TransferEngine, pools: RankPools, bootstrap: str,
+                 metrics: TransferMetrics | RecordBuffer | None = None):
         check_backend(plan, engine)
+        self.metrics = metrics  # per-request records (runtime/metrics.py); None: log knob only
+        self.rank_label = f"dp{dp_group}.pp{rank.pp}.tp{rank.tp}"
+        self.transport = engine.transport()  # Note [Reported transport]
         self.layout = layout
         self.wire = wire_module
         self.plan = plan
@@ -1233,7 +1254,8 @@ class DecodeEndpoint:
             out = dict(self.counters)
             out.update(requests=len(self.recvs), dropped_sends=self.hub.dropped,
                        handler_errors=self.hub.handler_errors,
-                       max_stall_ms=round(self.max_stall_s * 1e3))
+                       max_stall_ms=round(self.max_stall_s * 1e3),
+                       transport=self.transport.describe())
             return out
 
     def close(self) -> None:
@@ -1253,12 +1275,21 @@ class DecodeEndpoint:
 
     # ~~~ request state (caller holds the lock) ~~~
 
+    def _record(self, rv: _Recv) -> None:
+        # Decode has no forward to wait for: its transfer runs from the request to the end.
+        emit(self.metrics, TransferRecord(
+            side="decode", rank=self.rank_label, room=rv.room, ok=rv.state == KVPoll.Success,
+            reason=rv.reason, bytes=rv.bytes, descriptors=0, batches=len(rv.succeeded),
+            engine=self.engine.name, t_start=rv.t_start, t_bootstrap_done=rv.t_requested,
+            t_first_write=rv.t_requested, t_done=time.monotonic()))
+
     def _fail(self, rv: _Recv, reason: str) -> None:
         """Fail a request and tell every source that may still write to stop."""
         if rv.state in _TERMINAL:
             return
         rv.state, rv.reason = KVPoll.Failed, reason
         self.counters["failed"] += 1
+        self._record(rv)
         if rv.suspect:
             self._quarantine(rv)
         rv.abort_deadline = time.monotonic() + knobs.get("abort_ack_timeout_s")
@@ -1352,6 +1383,7 @@ class DecodeEndpoint:
                 return
         rv.state = KVPoll.Success
         self.counters["succeeded"] += 1
+        self._record(rv)
 
     def _verify_checksums(self, rv: _Recv) -> str:
         for name in sorted(rv.expected):
@@ -1541,7 +1573,8 @@ class DecodeReceiver:
                 raise ValueError(f"room {self.room}: init() after the request started or ended")
             rv.target = target
             rv.requested = True
-            rv.deadline = time.monotonic() + knobs.get("transfer_timeout_s")
+            rv.t_requested = time.monotonic()
+            rv.deadline = rv.t_requested + knobs.get("transfer_timeout_s")
             rv.state = KVPoll.WaitingForInput
             regions = {name: ep._stage(rv, name, items) for name in sorted(rv.expected)}
             rv.staged_links = len(rv.staged)

@@ -81,6 +81,10 @@ KNOBS = {k.name: k for k in (
     Knob("staging_arena_bytes", 512 << 20, "bytes", "registered staging arena of each rank "
          "(decode: regions it hands to prefill; prefill: gather buffers); 0 turns the staged "
          "path off. A request whose region does not fit on decode takes the direct path"),
+    # ~~~ observability ~~~
+    Knob("transfer_log", 0, "0/1", "1: one JSON line per finished request and side on the "
+         "`pdc.transfer` logger (bytes, descriptors, bootstrap/wait/transfer ms, GB/s; "
+         "runtime/metrics.py)"),
     # ~~~ integrity ~~~
     Knob("checksum", 0, "0/1", "1: prefill sends a 64-bit digest of the bytes it wrote on "
          "each link with Success, decode recomputes it over its destination items and fails "

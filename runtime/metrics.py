@@ -30,6 +30,8 @@ import logging
 import threading
 from dataclasses import asdict, dataclass
 
+from . import knobs
+
 LOG = logging.getLogger("pdc.transfer")
 
 _MS_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000,
@@ -98,6 +100,33 @@ class TransferRecord:
         return json.dumps({"event": "kv_transfer", **self.as_dict()}, sort_keys=True)
 
 
+def emit(metrics: TransferMetrics | RecordBuffer | None, rec: TransferRecord) -> None:
+    """Hand a finished request's record to the process's metrics; without metrics, the
+    structured log line alone when the `transfer_log` knob asks for it."""
+    if metrics is not None:
+        metrics.observe(rec)
+    elif knobs.get("transfer_log"):
+        LOG.info(rec.log_line())
+
+
+class RecordBuffer:
+    """Keeps records for a caller that ships them elsewhere (e.g. a rank process reporting to
+    its parent); `emit()` accepts it wherever it accepts TransferMetrics."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._records: list[TransferRecord] = []
+
+    def observe(self, rec: TransferRecord) -> None:
+        with self._lock:
+            self._records.append(rec)
+
+    def drain(self) -> list[TransferRecord]:
+        with self._lock:
+            out, self._records = self._records, []
+        return out
+
+
 class TransferMetrics:
     """Prometheus metrics of the transfers of one process (any number of endpoints).
 
@@ -105,11 +134,11 @@ class TransferMetrics:
     collide on metric names; `serve()` exposes it over HTTP (the /metrics text format).
     """
 
-    def __init__(self, log: bool = False) -> None:
+    def __init__(self, log: bool | None = None) -> None:
         from prometheus_client import CollectorRegistry, Counter, Histogram
 
         self.registry = CollectorRegistry()
-        self.log = log
+        self.log = bool(knobs.get("transfer_log")) if log is None else log
         self._lock = threading.Lock()
         self.records_seen = 0
         labels = ("side", "rank", "engine")

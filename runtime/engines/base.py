@@ -61,8 +61,35 @@ class Batch:
     reason: str = ""
 
 
+@dataclass(frozen=True)
+class TransportInfo:
+    """What an engine really moves bytes with, as the engine itself reports it.
+
+    Note [Reported transport]: a wrong NIC name or a missing transport can make an engine fall
+    back silently (Mooncake to TCP, UCX to CMA or TCP), and then every figure measures the
+    fallback. Each engine says what it runs on, read back from the library where the library
+    tells (Mooncake's local topology, NIXL's created backends) and otherwise from the settings
+    it was created with; endpoints log it at registration and the demo prints it.
+    """
+
+    engine: str
+    transport: str  # e.g. "tcp", "rdma", "ucx(tls=tcp)", "process_vm_writev"
+    devices: str = ""  # NICs / interfaces / GPUs, "" when none
+    detail: str = ""
+
+    def describe(self) -> str:
+        text = f"{self.engine}: {self.transport}"
+        if self.devices:
+            text += f" on {self.devices}"
+        return text + (f" ({self.detail})" if self.detail else "")
+
+
 class TransferEngine(ABC):
     name: str = "abstract"
+
+    def transport(self) -> TransportInfo:
+        """Note [Reported transport]; engines override this."""
+        return TransportInfo(self.name, "unknown")
 
     @abstractmethod
     def register(self, addr: int, nbytes: int) -> None: ...

@@ -47,6 +47,7 @@ from .base import (
     RegionTable,
     TransferEngine,
     TransferError,
+    TransportInfo,
     as_descriptors,
     check_region,
 )
@@ -119,6 +120,9 @@ class LocalEngine(TransferEngine):
         if start is None:
             raise TransferError("local: cannot read /proc/self/stat; is /proc mounted?")
         self._start_ticks = start
+
+    def transport(self) -> TransportInfo:
+        return TransportInfo(self.name, "process_vm_writev", "", "same host, host memory")
 
     # -- memory -------------------------------------------------------------------------------
 
@@ -602,6 +606,10 @@ class LocalDeviceEngine(LocalEngine):
 
     # -- memory -------------------------------------------------------------------------------
 
+
+    def transport(self) -> TransportInfo:
+        how = "cudaMemcpyAsync peer copies" if self._cuda else "torch copies"
+        return TransportInfo(self.name, how, str(self.device), "one process")
     def register(self, addr: int, nbytes: int) -> None:
         """Registers device memory of this engine's device (host memory for device='cpu')."""
         addr, nbytes = check_region(addr, nbytes)

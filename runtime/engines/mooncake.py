@@ -18,6 +18,7 @@ Traps handled here (measured on the 0.3.13.post1 non-cuda wheel, see docs/engine
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import re
@@ -35,6 +36,7 @@ from .base import (
     RegionTable,
     TransferEngine,
     TransferError,
+    TransportInfo,
     as_descriptors,
     check_region,
 )
@@ -213,6 +215,7 @@ class MooncakeEngine(TransferEngine):
             )
         self._engine = engine
         self._session = f"{hostname}:{engine.get_rpc_port()}"
+        self._protocol, self._hostname = protocol, hostname
         self._regions = RegionTable()
         self._workers: dict[str, _PeerWorker] = {}
         self._lock = threading.Lock()
@@ -307,6 +310,23 @@ class MooncakeEngine(TransferEngine):
             raise TransferError(f"mooncake: write to {batch.peer} failed: {batch.reason}")
 
     # -- teardown -----------------------------------------------------------------------------
+
+    def transport(self) -> TransportInfo:
+        """The protocol Mooncake initialised with, and the NICs its local topology lists
+        (none on TCP: bytes go through the kernel's socket on `hostname`)."""
+        nics: list[str] = []
+        try:
+            topo = json.loads(self._engine.get_local_topology())
+            for lists in topo.values():
+                for group in lists:
+                    nics += [str(n) for n in group if str(n) not in nics]
+        except Exception:  # noqa: BLE001 - a topology it cannot give is reported as such
+            return TransportInfo(self.name, self._protocol, self._hostname,
+                                 "local topology unavailable")
+        return TransportInfo(self.name, self._protocol,
+                             ",".join(nics) if nics else self._hostname,
+                             "RDMA NICs from the local topology" if nics else
+                             "no RDMA NIC in the local topology")
 
     def close(self) -> None:
         with self._lock:

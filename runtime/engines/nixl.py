@@ -41,6 +41,7 @@ from .base import (
     RegionTable,
     TransferEngine,
     TransferError,
+    TransportInfo,
     as_descriptors,
     check_region,
 )
@@ -307,6 +308,17 @@ class NixlEngine(TransferEngine):
         return True
 
     # -- teardown -----------------------------------------------------------------------------
+
+    def transport(self) -> TransportInfo:
+        """The backends NIXL created for this agent and the UCX transports and devices this
+        process allows it (UCX picks among those; see ENV_DEFAULTS)."""
+        try:
+            backends = ",".join(sorted(self._agent.backends)) or "none"
+        except Exception:  # noqa: BLE001
+            backends = "unknown"
+        tls = os.environ.get("UCX_TLS", "all")
+        return TransportInfo(self.name, f"ucx(tls={tls})", os.environ.get("UCX_NET_DEVICES", "all"),
+                             f"backends {backends}")
 
     def close(self) -> None:
         with self._lock:

@@ -263,6 +263,20 @@ def test_demo_usage_errors_exit_2(capsys):
     assert run(capsys, "demo", "--engine", "carrier-pigeon")[0] == 2
 
 
+def test_demo_serves_metrics_and_names_the_transport(capsys):
+    code, out, err = run(capsys, "demo", "--metrics-port", "0", "--requests", "3")
+    assert code == 0, out + err
+    assert "pdc demo: metrics on http://127.0.0.1:" in out
+    assert "transport        mooncake: tcp on 127.0.0.1" in out
+
+
+def test_demo_metrics_port_out_of_range_is_a_usage_error(capsys):
+    code, _, err = run(capsys, "demo", "--metrics-port", "70000", "--requests", "1")
+    assert code == 2
+    assert err == ("pdc demo: error: --metrics-port 70000 is not a TCP port (0-65535; 0 picks a "
+                   "free one)\n")
+
+
 def test_a_subcommand_is_one_decorated_function(monkeypatch, capsys):
     monkeypatch.setattr(cli, "COMMANDS", dict(COMMANDS))
 

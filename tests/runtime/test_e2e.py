@@ -96,6 +96,34 @@ def test_per_layer_streaming_sends_each_layer_as_the_forward_finishes_it(engine,
     assert got["batches"] >= 4 * len(moved)  # at least one batch per request and layer
 
 
+@pytest.mark.parametrize("engine,transport", [
+    ("mooncake", "mooncake: tcp on 127.0.0.1"), ("nixl", "nixl: ucx(tls=tcp) on lo")])
+def test_demo_metrics_scraped_with_rank_labels_and_transport_named(engine, transport):
+    import urllib.request
+
+    from pdc.runtime.metrics import TransferMetrics
+
+    metrics = TransferMetrics()
+    port = metrics.serve(0)
+    out, got = io.StringIO(), {}
+    try:
+        code = run_demo(LLAMA, "tp=2", "tp=2", engine, requests=5, concurrency=3, seed=2,
+                        out=out, timeout_s=30, summary=got, metrics=metrics)
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+    finally:
+        metrics.close()
+    assert code == 0, out.getvalue()
+    text = text.decode()
+    for side in ("prefill", "decode"):
+        for tp in (0, 1):
+            lab = f'engine="{engine}",outcome="ok",rank="dp0.pp0.tp{tp}",side="{side}"'
+            assert f"pdc:kv_transfer_requests_total{{{lab}}} 5.0" in text, text
+    lab = f'engine="{engine}",rank="dp0.pp0.tp0",side="decode"'
+    assert f"pdc:kv_transfer_speed_gb_s_count{{{lab}}} 5.0" in text
+    assert got["transports"] and all(t.startswith(transport) for t in got["transports"])
+    assert f"transport        {transport}" in out.getvalue()
+
+
 def test_nixl_rejects_heterogeneous_qwen38_attention_tp(capsys):
     assert run_demo(QWEN, "tp=2", "tp=1", "nixl", requests=1) == 1
     assert "rule `hetero_attention_tp: false`" in capsys.readouterr().err
