@@ -245,7 +245,8 @@ class PrefillEndpoint:
                    for i, b in enumerate(bufs)]
             for name, bufs in pools.buffers.items()
         }
-        engine.register(pools.base, pools.nbytes)
+        for base, nbytes in pools.regions():
+            engine.register(base, nbytes)
         # Gather buffers of the staged path; only the transfer worker touches the arena.
         self.arena = _staging_arena(engine, pools)
         self.launches = _launches(pools)  # worker thread only
@@ -1176,7 +1177,8 @@ class DecodeEndpoint:
         self.pools = pools
         self.page_size = plan.topology.decode.page_size
         self.bootstrap = bootstrap
-        engine.register(pools.base, pools.nbytes)
+        for base, nbytes in pools.regions():
+            engine.register(base, nbytes)
         # Staging regions handed to prefill ranks. Registered before agent_info(): NIXL peers
         # only accept writes into memory listed in the metadata they received.
         self.arena = _staging_arena(engine, pools)

@@ -6,12 +6,15 @@ slots (slot), rows (ring: slots * R) and aux rows. Every buffer starts on a 4 Ki
 of the arena so engines can register the arena once.
 
 `RankPools` keeps the arena in host memory (numpy); `TensorPools` in a torch tensor on a
-device (a GPU, or the CPU for tests), for engines that move device memory. The endpoints use
-either through the same few methods (view, address, new_bytes, sync).
+device (a GPU, or the CPU for tests), for engines that move device memory. `EnginePools`
+registers memory a serving engine already owns, in place (Note [Engine-owned memory]). The
+endpoints use any of them through the same few methods (regions, view, address, new_bytes,
+sync).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,7 +47,7 @@ class Buffer:
     component: str
     tensor: str
     layer_id: int
-    offset: int  # bytes from the arena start
+    offset: int  # bytes from the arena start (EnginePools: the address; its base is 0)
     item_bytes: int
     capacity: int  # items
 
@@ -68,6 +71,10 @@ class RankPools:
         self.nbytes = max(offset, ALIGN)
         self.arena = self.new_bytes(self.nbytes)
         self.base = address(self.arena)
+
+    def regions(self) -> list[tuple[int, int]]:
+        """(address, bytes) of every memory region the engine must register: one arena."""
+        return [(self.base, self.nbytes)]
 
     def new_bytes(self, nbytes: int, zeroed: bool = True):
         """A byte buffer in the pools' memory (staging arenas and gather buffers). Staging
@@ -117,13 +124,158 @@ def address(buf) -> int:
     """Address of the first byte of a numpy array or a torch tensor."""
     return int(buf.ctypes.data) if isinstance(buf, np.ndarray) else int(buf.data_ptr())
 
-    def sections(self) -> list[list[tuple[int, int, int, int, int]]]:
-        """Per component: (layer id, tensor index, base address, item bytes, capacity)."""
-        out = []
-        for comp in self.layout.components:
-            rows = []
-            for pos, b in enumerate(self.buffers[comp.name]):
-                rows.append((b.layer_id, comp.tensors.index(b.tensor), self.address(comp.name, pos),
-                             b.item_bytes, b.capacity))
-            out.append(rows)
-        return out
+
+class RegistrationMismatch(ValueError):
+    """An engine-owned tensor does not hold what the plan says its entry holds."""
+
+
+class EnginePools(RankPools):
+    """Buffers that live in a serving engine's own tensors, registered in place (no copy).
+
+    Note [Engine-owned memory]: a serving engine allocates its caches itself (vLLM one tensor
+    per attention layer, SGLang a k and a v buffer per layer), so a rank has many memory
+    regions instead of one arena. `tensors` maps every registered entry (component, tensor
+    name, layer id) of this rank's Registration to a tensor whose first axis indexes items:
+    item i is `t[i]`, contiguous, `item_bytes` bytes apart. Each tensor is checked against the
+    plan (dtype, elements and bytes per item) and refused with a message naming both sides:
+    `label(key)` says what the tensor is in the engine's own words (a layer name), and the
+    spec location says where the plan's expectation comes from. Regions are the tensors'
+    byte spans, merged where they overlap or touch (Mooncake refuses overlapping
+    registrations), so views into one engine tensor register it once.
+    """
+
+    def __init__(self, layout: FamilyLayout, registration: Registration, tp: int,
+                 tensors: Mapping[tuple[str, str, int], object], label=None):
+        self.layout = layout
+        self.capacity = None
+        label = label or (lambda key: f"tensor {key[1]!r} of layer {key[2]}")
+        self.buffers = {}
+        self._tensors: dict[tuple[str, int], object] = {}
+        self.device = None
+        wanted = set()
+        spans = []
+        for name, entries, item_bytes in registration.components:
+            comp = layout.component(name)
+            bufs = []
+            for tensor, layer_id in entries:
+                key = (name, tensor, layer_id)
+                wanted.add(key)
+                if key not in tensors:
+                    raise RegistrationMismatch(
+                        f"{comp.loc}: error: the plan registers {name}.{tensor} of layer "
+                        f"{layer_id} on this rank, but the engine gave no tensor for it\n"
+                        f"  hint: the engine's model must have the layers the spec declares "
+                        f"({layout.spec_path})")
+                t = tensors[key]
+                cap, base = _check_item_tensor(comp, item_bytes, tp, t, label(key))
+                self._tensors[(name, len(bufs))] = t
+                bufs.append(Buffer(name, tensor, layer_id, base, item_bytes, cap))
+                spans.append((base, base + cap * item_bytes))
+                dev = _device_of(t)
+                if self.device is None or dev.type != "cpu":
+                    self.device = dev
+            self.buffers[name] = bufs
+        extra = sorted(set(tensors) - wanted)
+        if extra:
+            c, t, lid = extra[0]
+            raise RegistrationMismatch(
+                f"{layout.spec_path}: error: the engine gave {label(extra[0])} as {c}.{t} of "
+                f"layer {lid}, which the plan does not register on this rank\n"
+                f"  hint: the spec's layers and components must match the engine's model")
+        self._regions = _merge(spans)
+        self.base = 0  # buffers carry absolute addresses (Buffer.offset is the address)
+        self.nbytes = sum(n for _, n in self._regions)
+
+    def regions(self) -> list[tuple[int, int]]:
+        return list(self._regions)
+
+    def new_bytes(self, nbytes: int, zeroed: bool = True):
+        if self.device is None or self.device.type == "cpu":
+            return super().new_bytes(nbytes, zeroed)
+        import torch
+
+        make = torch.zeros if zeroed else torch.empty
+        return make(nbytes, dtype=torch.uint8, device=self.device)
+
+    def sync(self) -> None:
+        if self.device is not None and self.device.type == "cuda":
+            import torch
+
+            torch.cuda.current_stream(self.device).synchronize()
+
+    def view(self, component: str, pos: int):
+        """[capacity, item_bytes] uint8 view of the engine's tensor (numpy on the host)."""
+        b = self.buffers[component][pos]
+        t = self._tensors[(component, pos)]
+        if isinstance(t, np.ndarray):
+            return t.reshape(b.capacity, -1).view(np.uint8).reshape(b.capacity, b.item_bytes)
+        import torch
+
+        u8 = t.reshape(b.capacity, -1).view(torch.uint8).reshape(b.capacity, b.item_bytes)
+        return u8.numpy() if u8.device.type == "cpu" else u8
+
+    def address(self, component: str, pos: int) -> int:
+        return self.buffers[component][pos].offset
+
+
+def _device_of(t):
+    if isinstance(t, np.ndarray):
+        import types
+
+        return types.SimpleNamespace(type="cpu")
+    return t.device
+
+
+def _dtype_name(t) -> str:
+    if isinstance(t, np.ndarray):
+        return str(t.dtype)
+    return str(t.dtype).removeprefix("torch.")
+
+
+def _check_item_tensor(comp: ComponentLayout, item_bytes: int, tp: int, t, what: str):
+    """(capacity, address) of an engine tensor whose first axis indexes `comp`'s items."""
+    shape = tuple(int(n) for n in t.shape)
+    local = list(comp.shape)
+    if comp.shard is not None:
+        local[comp.shard.axis] = comp.shard.local_axis(tp)
+    plan_side = (f"the spec's component '{comp.name}' expects items of "
+                 f"{list(local)} {comp.dtype} = {item_bytes} B on a rank of TP {tp}")
+    if len(shape) < 1 or shape[0] < 1:
+        raise RegistrationMismatch(f"{comp.loc}: error: {what} has shape {list(shape)}, no "
+                                   f"items; {plan_side}")
+    got_dtype = _dtype_name(t)
+    elem = t.itemsize if isinstance(t, np.ndarray) else t.element_size()
+    per_item = 1
+    for n in shape[1:]:
+        per_item *= n
+    got = f"{what} holds items of {list(shape[1:])} {got_dtype} = {per_item * elem} B"
+    if got_dtype != comp.dtype or per_item * elem != item_bytes:
+        raise RegistrationMismatch(
+            f"{comp.loc}: error: {got}; {plan_side}\n"
+            f"  hint: the engine's model config (heads, head size, block size, dtype) and the "
+            f"spec's params must agree, and so must both sides' TP")
+    strides = t.strides if isinstance(t, np.ndarray) else tuple(s * elem for s in t.stride())
+    contiguous = elem
+    for n, st in zip(reversed(shape[1:]), reversed(strides[1:]), strict=True):
+        if n > 1 and st != contiguous:
+            break
+        contiguous *= n
+    else:
+        if shape[0] == 1 or strides[0] == item_bytes:
+            base = int(t.ctypes.data) if isinstance(t, np.ndarray) else int(t.data_ptr())
+            return shape[0], base
+    raise RegistrationMismatch(
+        f"{comp.loc}: error: {what} is not a run of contiguous {item_bytes} B items (byte "
+        f"strides {list(strides)}); {plan_side}\n"
+        f"  hint: register the engine's whole cache tensor, one item per block")
+
+
+def _merge(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """(address, bytes) of the union of [start, end) spans."""
+    out: list[list[int]] = []
+    for start, end in sorted(spans):
+        if out and start <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], end)
+        else:
+            out.append([start, end])
+    return [(a, b - a) for a, b in out]
