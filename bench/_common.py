@@ -109,35 +109,22 @@ def table(rows: list[dict], cols: list[tuple[str, str, str]]) -> None:
 def llama_plan(prefill_tp: int, decode_tp: int, page_size: int = 16):
     """(layout, plan) of Llama-3-70B for prefill TP -> decode TP over the local backend.
 
-    Lowered from specs/llama3-70b.yaml (the compiler's front end, as tests/compiler/planning.py
-    does). Where the front end cannot load (no jsonschema on a bare GPU image), the generated
-    module's layout, which is the spec compiled at its default page size 16, is lowered instead.
+    At the spec's own page size 16 the family comes from its generated module, as a serving
+    process gets it (no compiler needed on a bare GPU image); another page size changes item
+    shapes, so the spec is evaluated with it by the compiler's front end.
     """
-    from pdc.compiler.diagnostics import Location
-    from pdc.compiler.lower import lower
-    from pdc.compiler.topology import resolve_side
-    from pdc.runtime.plan_types import Topology
+    from pdc.runtime.family import Family
 
-    try:
+    if page_size == 16:
+        family = Family.load("llama3_70b")
+    else:
+        from pdc.compiler.family import family_of
         from pdc.compiler.frontend import load_spec
-        from pdc.compiler.layout import build_layout
 
-        spec = load_spec(str(LLAMA_SPEC), {"page_size": page_size})
-        layout, backends = build_layout(spec), spec.backends
-    except ImportError:
-        if page_size != 16:
-            raise
-        from pdc.generated.llama3_70b.layout import LAYOUT as layout
-
-        backends = ()
-    def side(tp: int):
-        got, errs = resolve_side(layout, tp=tp, page_size=page_size, what="side",
-                                 loc=Location(str(LLAMA_SPEC)))
-        if errs:
-            raise ValueError(f"bad topology: {errs}")
-        return got
-
-    return layout, lower(layout, Topology(side(prefill_tp), side(decode_tp), "local"), backends)
+        family = family_of(load_spec(str(LLAMA_SPEC), {"page_size": page_size}))
+    side = f"page_size={page_size},tp="
+    plan = family.plan_for(f"{side}{prefill_tp}", f"{side}{decode_tp}", "local")
+    return family.layout, plan
 
 
 def buffers(plan, side: str, rank, component: str, base: int, capacity: int):

@@ -17,6 +17,9 @@ import difflib
 import enum
 from dataclasses import dataclass, field
 
+from pdc.runtime.layout_types import KNOWN_BACKENDS as KNOWN_BACKENDS
+from pdc.runtime.layout_types import BackendRule as BackendRule
+
 from .diagnostics import Diagnostics, Location
 from .expr import ExprError, evaluate, names_in
 from .yaml_loader import Located
@@ -29,8 +32,6 @@ DTYPE_BYTES = {
     "float8_e4m3fn": 1, "float8_e5m2": 1,
     "int8": 1, "uint8": 1, "int16": 2, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8,
 }  # fmt: skip
-
-KNOWN_BACKENDS = ("mooncake", "nixl", "mori", "local")
 
 
 class IndexKind(enum.Enum):
@@ -155,15 +156,6 @@ class Component:
 @dataclass(frozen=True, slots=True)
 class Constraint:
     expr: str
-    why: str
-    loc: Location
-
-
-@dataclass(frozen=True, slots=True)
-class BackendRule:
-    name: str
-    hetero_attention_tp: bool  # may prefill and decode attention TP differ?
-    max_pp: int | None  # largest pipeline size the backend's protocol supports
     why: str
     loc: Location
 

@@ -241,11 +241,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from pdc.compiler.coverage import prove
     from pdc.compiler.diagnostics import SpecErrors
     from pdc.compiler.driver import spec_display_path
+    from pdc.compiler.family import plan_spec
     from pdc.compiler.frontend import parse_spec_text
-    from pdc.compiler.layout import build_layout
-    from pdc.compiler.lower import lower
     from pdc.compiler.report import plan_report, render_json, render_table
-    from pdc.compiler.topology import parse_side_arg, topology_from_args
+    from pdc.compiler.topology import parse_side_arg
 
     if args.tokens < 1:
         _err("pdc plan: error: --tokens must be at least 1")
@@ -262,14 +261,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
             raise SpecErrors(errs)
         page = side.get("page_size")
         spec = parse_spec_text(text, name, {"page_size": page} if page else None)
-        layout = build_layout(spec)
-        topo, errs = topology_from_args(layout, args.prefill, args.decode, args.backend)
-        if errs:
-            raise SpecErrors(errs)
-        plan = lower(layout, topo, spec.backends)
+        family, plan = plan_spec(spec, args.prefill, args.decode, args.backend)
     except SpecErrors as e:
         _err(str(e))
         return 1
+    layout = family.layout
     problems = prove(layout, plan)
     report = plan_report(layout, plan, args.tokens, problems)
     sys.stdout.write(render_json(report, plan) if args.json else render_table(report))

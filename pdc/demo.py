@@ -284,21 +284,16 @@ def run_demo(spec_path: str, prefill: str, decode: str, engine: str, requests: i
     Exit code 0 when every request ended as expected (verified, or failed cleanly as its
     fault demands)."""
     from pdc.compiler.diagnostics import SpecErrors
+    from pdc.compiler.family import plan_spec
     from pdc.compiler.frontend import load_spec
-    from pdc.compiler.layout import build_layout
-    from pdc.compiler.lower import lower
-    from pdc.compiler.topology import topology_from_args
 
     try:
         spec = load_spec(spec_path)
-        layout = build_layout(spec)
-        topo, errs = topology_from_args(layout, prefill, decode, engine)
-        if errs:
-            raise SpecErrors(errs)
-        plan = lower(layout, topo, spec.backends)
+        family, plan = plan_spec(spec, prefill, decode, engine)
     except SpecErrors as e:
         print(str(e), file=sys.stderr)
         return 1
+    layout, topo = family.layout, plan.topology
     try:
         importlib.import_module(f"pdc.generated.{spec.py_name}.wire")
     except ImportError:

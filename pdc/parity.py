@@ -509,10 +509,9 @@ def prepare(spec_path: str, prefill: str, decode: str, engine: str, dtype: str |
             drop: tuple[str, ...] = ()) -> Case:
     """Load, lower and check everything the parent can; raises ParityError."""
     from pdc.compiler.diagnostics import SpecErrors
+    from pdc.compiler.family import plan_spec
     from pdc.compiler.frontend import load_spec
-    from pdc.compiler.layout import build_layout
-    from pdc.compiler.lower import lower
-    from pdc.compiler.topology import parse_side_arg, topology_from_args
+    from pdc.compiler.topology import parse_side_arg
 
     if tokens < 1 or chunk_tokens < 1:
         raise ParityError("--tokens and --chunk must be at least 1")
@@ -544,13 +543,10 @@ def prepare(spec_path: str, prefill: str, decode: str, engine: str, dtype: str |
             dtypes = {binding.dtype_name: dtype}
         if overrides or dtypes:
             spec = load_spec(spec_path, overrides, dtypes)
-        layout = build_layout(spec)
-        topo, errs = topology_from_args(layout, prefill, decode, engine)
-        if errs:
-            raise SpecErrors(errs)
-        plan = lower(layout, topo, spec.backends)
+        family, plan = plan_spec(spec, prefill, decode, engine)
     except SpecErrors as e:
         raise ParityError(str(e), diagnostics=True) from None
+    layout, topo = family.layout, plan.topology
     model_dtype = dtype or next((d.dtype for d in spec.dtypes if d.name == binding.dtype_name),
                                 "float32")
     if model_dtype not in DTYPES:

@@ -472,21 +472,15 @@ class _Pool:
 
 class Harness:
     def __init__(self, cfg: RelConfig, out=None):
-        from pdc.compiler.diagnostics import SpecErrors
+        from pdc.compiler.family import plan_spec
         from pdc.compiler.frontend import load_spec
-        from pdc.compiler.layout import build_layout
-        from pdc.compiler.lower import lower
-        from pdc.compiler.topology import topology_from_args
 
         self.cfg = cfg
         self.out = out or sys.stderr
         spec = load_spec(cfg.spec)
-        self.layout = build_layout(spec)
-        topo, errs = topology_from_args(self.layout, cfg.prefill, cfg.decode, cfg.engine)
-        if errs:
-            raise SpecErrors(errs)
-        self.plan = lower(self.layout, topo, spec.backends)
-        self.topo = topo
+        family, self.plan = plan_spec(spec, cfg.prefill, cfg.decode, cfg.engine)
+        self.layout = family.layout
+        self.topo = topo = self.plan.topology
         self.sources = family_sources(spec)
         dgroups = cfg.decode_groups if cfg.decode_groups is not None else range(topo.decode.dp)
         self.blob = {"cfg": cfg, "sources": self.sources, "plan": self.plan.to_json(),

@@ -16,6 +16,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .diagnostics import Location
+
+# Transfer backends a spec's `backends` matrix and a topology may name.
+KNOWN_BACKENDS = ("mooncake", "nixl", "mori", "local")
+
 
 @dataclass(frozen=True, slots=True)
 class EntryKey:
@@ -108,6 +113,17 @@ class ComponentLayout:
             return tuple(EntryKey(t, self.sentinel) for t in self.tensors)
         held = [i for i in self.layer_ids if i in set(layer_ids)]
         return tuple(EntryKey(t, i) for t in self.tensors for i in held)
+
+
+@dataclass(frozen=True, slots=True)
+class BackendRule:
+    """What one transfer backend supports for a family (the spec's `backends` matrix)."""
+
+    name: str
+    hetero_attention_tp: bool  # may prefill and decode attention TP differ?
+    max_pp: int | None  # largest pipeline size the backend's protocol supports
+    why: str
+    loc: Location
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """Plan types: what moves from which prefill rank to which decode rank.
 
-Built by the compiler's lowering (pdc.compiler.lower), executed by the runtime. They live
+Built by the lowering (pdc.runtime.lowering), executed by the runtime. They live
 in the runtime package because the runtime never imports the compiler; a plan travels
 between processes as JSON (`Plan.to_json` / `Plan.from_json`) and both sides of a
 handshake compare `Plan.digest()`.

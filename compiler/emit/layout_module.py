@@ -36,6 +36,7 @@ MODULE_CONSTANTS = {
     "LAYER_KINDS": "kind_of",
     "COMPONENTS": "components",
     "LAYOUT": None,
+    "BACKENDS": None,
 }
 # Scalar fields written in a form easier to read than repr().
 _FIELD_FORMAT = {"sentinel": py_hex32}
@@ -68,6 +69,8 @@ class LayoutModuleView:
     components: tuple[ComponentView, ...]
     component_tuple: str
     layout_args: tuple[Arg, ...]
+    location_import: bool  # BACKENDS holds Locations (pdc.runtime.diagnostics)
+    backends: str
 
 
 def _args(obj: object, literal_of: dict[str, str] | None = None) -> tuple[Arg, ...]:
@@ -108,6 +111,8 @@ def layout_view(ctx: FamilyContext) -> LayoutModuleView:
     imports = {"ComponentLayout", "FamilyLayout"}
     if any(cl.shard is not None for cl in layout.components):
         imports.add("ShardGeometry")
+    if spec.backends:
+        imports.add("BackendRule")
     doc = [f"Layout of the {spec.family} family.", ""]
     if spec.description:
         doc += [*wrap(docstring_text(spec.description)), ""]
@@ -126,6 +131,8 @@ def layout_view(ctx: FamilyContext) -> LayoutModuleView:
         components=tuple(comps),
         component_tuple=py_value(tuple(Name(v.const) for v in comps), 0, len("COMPONENTS = ")),
         layout_args=_args(layout, bound),
+        location_import=bool(spec.backends),
+        backends=py_value(spec.backends, 0, len("BACKENDS = ")),
     )
 
 

@@ -9,7 +9,8 @@ Components are listed in spec order, which is the wire order. Sizes are in bytes
 otherwise (shape: elements per axis).
 """
 
-from pdc.runtime.layout_types import ComponentLayout, FamilyLayout
+from pdc.runtime.diagnostics import Location
+from pdc.runtime.layout_types import BackendRule, ComponentLayout, FamilyLayout
 
 FAMILY = "deepseek-v32"
 SPEC_SHA256 = "0f4bcfd584148294f6c20cd6847ebaa02fa387da1fd97d348b809ef138ae23ea"
@@ -141,4 +142,37 @@ LAYOUT = FamilyLayout(
     components=COMPONENTS,
     default_page_size=DEFAULT_PAGE_SIZE,
     spec_path="specs/deepseek-v32.yaml",
+)
+
+# The spec's `backends` matrix: what each transfer backend supports for this family (empty:
+# every known backend, without restrictions). The lowering checks a topology against it.
+BACKENDS = (
+    BackendRule(
+        name="mooncake",
+        hetero_attention_tp=True,
+        max_pp=None,
+        why="",
+        loc=Location(file="specs/deepseek-v32.yaml", line=49, col=3),
+    ),
+    BackendRule(
+        name="nixl",
+        hetero_attention_tp=True,
+        max_pp=None,
+        why="",
+        loc=Location(file="specs/deepseek-v32.yaml", line=50, col=3),
+    ),
+    BackendRule(
+        name="mori",
+        hetero_attention_tp=True,
+        max_pp=1,
+        why="",
+        loc=Location(file="specs/deepseek-v32.yaml", line=51, col=3),
+    ),
+    BackendRule(
+        name="local",
+        hetero_attention_tp=True,
+        max_pp=None,
+        why="",
+        loc=Location(file="specs/deepseek-v32.yaml", line=52, col=3),
+    ),
 )

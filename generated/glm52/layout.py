@@ -9,7 +9,8 @@ Components are listed in spec order, which is the wire order. Sizes are in bytes
 otherwise (shape: elements per axis).
 """
 
-from pdc.runtime.layout_types import ComponentLayout, FamilyLayout
+from pdc.runtime.diagnostics import Location
+from pdc.runtime.layout_types import BackendRule, ComponentLayout, FamilyLayout
 
 FAMILY = "glm52"
 SPEC_SHA256 = "5fcec0a7b1414e11174de266b737475511602b233e8cbac348aad52f39ae8e11"
@@ -196,4 +197,37 @@ LAYOUT = FamilyLayout(
     components=COMPONENTS,
     default_page_size=DEFAULT_PAGE_SIZE,
     spec_path="specs/glm52.yaml",
+)
+
+# The spec's `backends` matrix: what each transfer backend supports for this family (empty:
+# every known backend, without restrictions). The lowering checks a topology against it.
+BACKENDS = (
+    BackendRule(
+        name="mooncake",
+        hetero_attention_tp=True,
+        max_pp=None,
+        why="",
+        loc=Location(file="specs/glm52.yaml", line=71, col=3),
+    ),
+    BackendRule(
+        name="nixl",
+        hetero_attention_tp=True,
+        max_pp=None,
+        why="",
+        loc=Location(file="specs/glm52.yaml", line=72, col=3),
+    ),
+    BackendRule(
+        name="mori",
+        hetero_attention_tp=True,
+        max_pp=1,
+        why="",
+        loc=Location(file="specs/glm52.yaml", line=73, col=3),
+    ),
+    BackendRule(
+        name="local",
+        hetero_attention_tp=True,
+        max_pp=None,
+        why="",
+        loc=Location(file="specs/glm52.yaml", line=74, col=3),
+    ),
 )

@@ -9,7 +9,8 @@ Components are listed in spec order, which is the wire order. Sizes are in bytes
 otherwise (shape: elements per axis).
 """
 
-from pdc.runtime.layout_types import ComponentLayout, FamilyLayout, ShardGeometry
+from pdc.runtime.diagnostics import Location
+from pdc.runtime.layout_types import BackendRule, ComponentLayout, FamilyLayout, ShardGeometry
 
 FAMILY = "hf-mamba2"
 SPEC_SHA256 = "484e8ed17582c2a00d339c660a4cea7db50357199417567cbf25d0660ffdcc72"
@@ -87,4 +88,30 @@ LAYOUT = FamilyLayout(
     components=COMPONENTS,
     default_page_size=DEFAULT_PAGE_SIZE,
     spec_path="specs/hf-mamba2.yaml",
+)
+
+# The spec's `backends` matrix: what each transfer backend supports for this family (empty:
+# every known backend, without restrictions). The lowering checks a topology against it.
+BACKENDS = (
+    BackendRule(
+        name="mooncake",
+        hetero_attention_tp=True,
+        max_pp=None,
+        why="",
+        loc=Location(file="specs/hf-mamba2.yaml", line=41, col=3),
+    ),
+    BackendRule(
+        name="nixl",
+        hetero_attention_tp=True,
+        max_pp=None,
+        why="",
+        loc=Location(file="specs/hf-mamba2.yaml", line=42, col=3),
+    ),
+    BackendRule(
+        name="local",
+        hetero_attention_tp=True,
+        max_pp=None,
+        why="",
+        loc=Location(file="specs/hf-mamba2.yaml", line=43, col=3),
+    ),
 )

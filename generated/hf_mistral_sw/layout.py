@@ -9,7 +9,8 @@ Components are listed in spec order, which is the wire order. Sizes are in bytes
 otherwise (shape: elements per axis).
 """
 
-from pdc.runtime.layout_types import ComponentLayout, FamilyLayout, ShardGeometry
+from pdc.runtime.diagnostics import Location
+from pdc.runtime.layout_types import BackendRule, ComponentLayout, FamilyLayout, ShardGeometry
 
 FAMILY = "hf-mistral-sw"
 SPEC_SHA256 = "405ff4fc1f49d604f9a009a900480ebd72e60c5180a537aec4b7e842b91ccde8"
@@ -58,4 +59,30 @@ LAYOUT = FamilyLayout(
     components=COMPONENTS,
     default_page_size=DEFAULT_PAGE_SIZE,
     spec_path="specs/hf-mistral-sw.yaml",
+)
+
+# The spec's `backends` matrix: what each transfer backend supports for this family (empty:
+# every known backend, without restrictions). The lowering checks a topology against it.
+BACKENDS = (
+    BackendRule(
+        name="mooncake",
+        hetero_attention_tp=True,
+        max_pp=None,
+        why="",
+        loc=Location(file="specs/hf-mistral-sw.yaml", line=30, col=3),
+    ),
+    BackendRule(
+        name="nixl",
+        hetero_attention_tp=True,
+        max_pp=None,
+        why="",
+        loc=Location(file="specs/hf-mistral-sw.yaml", line=31, col=3),
+    ),
+    BackendRule(
+        name="local",
+        hetero_attention_tp=True,
+        max_pp=None,
+        why="",
+        loc=Location(file="specs/hf-mistral-sw.yaml", line=32, col=3),
+    ),
 )

@@ -9,7 +9,8 @@ Components are listed in spec order, which is the wire order. Sizes are in bytes
 otherwise (shape: elements per axis).
 """
 
-from pdc.runtime.layout_types import ComponentLayout, FamilyLayout, ShardGeometry
+from pdc.runtime.diagnostics import Location
+from pdc.runtime.layout_types import BackendRule, ComponentLayout, FamilyLayout, ShardGeometry
 
 FAMILY = "llama3-70b"
 SPEC_SHA256 = "e1fa5e449cb2f4f9aebbac06835fb7982e55f3a3aaefa61bdeafb5d535466e2a"
@@ -98,4 +99,37 @@ LAYOUT = FamilyLayout(
     components=COMPONENTS,
     default_page_size=DEFAULT_PAGE_SIZE,
     spec_path="specs/llama3-70b.yaml",
+)
+
+# The spec's `backends` matrix: what each transfer backend supports for this family (empty:
+# every known backend, without restrictions). The lowering checks a topology against it.
+BACKENDS = (
+    BackendRule(
+        name="mooncake",
+        hetero_attention_tp=True,
+        max_pp=None,
+        why="",
+        loc=Location(file="specs/llama3-70b.yaml", line=29, col=3),
+    ),
+    BackendRule(
+        name="nixl",
+        hetero_attention_tp=True,
+        max_pp=None,
+        why="",
+        loc=Location(file="specs/llama3-70b.yaml", line=30, col=3),
+    ),
+    BackendRule(
+        name="mori",
+        hetero_attention_tp=True,
+        max_pp=1,
+        why="",
+        loc=Location(file="specs/llama3-70b.yaml", line=31, col=3),
+    ),
+    BackendRule(
+        name="local",
+        hetero_attention_tp=True,
+        max_pp=None,
+        why="",
+        loc=Location(file="specs/llama3-70b.yaml", line=32, col=3),
+    ),
 )

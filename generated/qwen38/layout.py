@@ -9,7 +9,8 @@ Components are listed in spec order, which is the wire order. Sizes are in bytes
 otherwise (shape: elements per axis).
 """
 
-from pdc.runtime.layout_types import ComponentLayout, FamilyLayout, ShardGeometry
+from pdc.runtime.diagnostics import Location
+from pdc.runtime.layout_types import BackendRule, ComponentLayout, FamilyLayout, ShardGeometry
 
 FAMILY = "qwen38"
 SPEC_SHA256 = "3bddd60452de2e22f9dedb9ab8ee16972e9a80e233049e11bb1c53d593045b0a"
@@ -282,4 +283,37 @@ LAYOUT = FamilyLayout(
     components=COMPONENTS,
     default_page_size=DEFAULT_PAGE_SIZE,
     spec_path="specs/qwen38.yaml",
+)
+
+# The spec's `backends` matrix: what each transfer backend supports for this family (empty:
+# every known backend, without restrictions). The lowering checks a topology against it.
+BACKENDS = (
+    BackendRule(
+        name="mooncake",
+        hetero_attention_tp=True,
+        max_pp=None,
+        why="writer election and broadcast for replicated state are implemented",
+        loc=Location(file="specs/qwen38.yaml", line=113, col=3),
+    ),
+    BackendRule(
+        name="nixl",
+        hetero_attention_tp=False,
+        max_pp=None,
+        why="seed: NIXL fails fast on heterogeneous Qwen3.8 attention TP",
+        loc=Location(file="specs/qwen38.yaml", line=114, col=3),
+    ),
+    BackendRule(
+        name="mori",
+        hetero_attention_tp=False,
+        max_pp=1,
+        why="seed: MORI exchanges no global layer metadata",
+        loc=Location(file="specs/qwen38.yaml", line=115, col=3),
+    ),
+    BackendRule(
+        name="local",
+        hetero_attention_tp=True,
+        max_pp=None,
+        why="",
+        loc=Location(file="specs/qwen38.yaml", line=116, col=3),
+    ),
 )

@@ -5,12 +5,12 @@ from __future__ import annotations
 from functools import cache
 from pathlib import Path
 
-from pdc.compiler.diagnostics import Location
 from pdc.compiler.frontend import load_spec
 from pdc.compiler.layout import build_layout
-from pdc.compiler.lower import lower
-from pdc.compiler.topology import resolve_side
+from pdc.runtime.diagnostics import Location
+from pdc.runtime.lowering import lower
 from pdc.runtime.plan_types import Topology
+from pdc.runtime.topology import resolve_side
 
 ROOT = Path(__file__).resolve().parents[2]
 SPECS = sorted((ROOT / "specs").glob("*.yaml"))

@@ -7,9 +7,9 @@ one mapping rule at a time and show that the proof catches it.
 from __future__ import annotations
 
 import pytest
-from pdc.compiler import lower as lower_mod
 from pdc.compiler.coverage import prove
 from pdc.compiler.diagnostics import SpecErrors
+from pdc.runtime import lowering as lower_mod
 from pdc.runtime.plan_types import RankId
 
 from .planning import ROOT, plan_for

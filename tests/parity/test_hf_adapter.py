@@ -30,7 +30,7 @@ SPECS = Path(__file__).resolve().parents[2] / "specs"
 FAMILIES = sorted(BINDINGS)
 PAGE = 4
 
-torch.set_num_threads(1)
+TORCH_THREADS = 1  # set per test by conftest.py
 
 
 def _layout(family: str, dtype: str = "float32", text: str | None = None):

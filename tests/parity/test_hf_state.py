@@ -19,12 +19,11 @@ pytest.importorskip("transformers")
 from pdc import hf_state as H  # noqa: E402
 
 THREADS = 2  # both processes; thread count changes bits (mamba2 fp32 differs between 1 and 2)
+TORCH_THREADS = THREADS  # this process, set per test by conftest.py
 PROMPT_LEN = 20  # > sliding_window (8) and > mamba2 chunk_size (16)
 NEW_TOKENS = 10
 DTYPES = ["float32", "bfloat16"]
 FAMILIES = list(H.FAMILIES)
-
-torch.set_num_threads(THREADS)
 
 
 def _prompt(n: int = PROMPT_LEN) -> torch.Tensor:
