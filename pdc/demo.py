@@ -274,7 +274,7 @@ def default_decode(spec_path: str, prefill: str, engine: str) -> tuple[str, str]
 
 def run_demo(spec_path: str, prefill: str, decode: str, engine: str, requests: int,
              concurrency: int = 4, seed: int = 0, timeout_s: float = 60.0,
-             out=sys.stdout, faults: dict[int, str] | None = None, stream: bool = False,
+             out=None, faults: dict[int, str] | None = None, stream: bool = False,
              summary: dict | None = None, metrics=None) -> int:
     """Run the demo; `faults` maps request indices to an injected fault (see Req.fault);
     `stream` sends per layer as a forward reports them (_play_forward); `summary`, when
@@ -283,6 +283,7 @@ def run_demo(spec_path: str, prefill: str, decode: str, engine: str, requests: i
     wave (serve it to scrape them while the demo runs).
     Exit code 0 when every request ended as expected (verified, or failed cleanly as its
     fault demands)."""
+    out = out or sys.stdout  # looked up per call: a default bound at import misses capture
     from pdc.compiler.diagnostics import SpecErrors
     from pdc.compiler.family import plan_spec
     from pdc.compiler.frontend import load_spec

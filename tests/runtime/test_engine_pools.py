@@ -32,7 +32,7 @@ def vllm_caches(blocks: int, layers: int = 2, block_size: int = 32, heads_x_dim:
 
 
 def pools_for(side: str, caches: dict[int, torch.Tensor], tp: int = 1, rank=R0):
-    _, plan = plan_for(SPEC, {"tp": tp}, {"tp": 1})
+    _, plan = plan_for(SPEC, {"tp": tp}, {"tp": 1}, "local")  # ManualEngine is "local"
     layout = LAYOUT
     tensors = {("kv", "kv", i): t for i, t in caches.items()}
     return layout, plan, EnginePools(layout, plan.registration(side, rank), tp, tensors,
@@ -54,7 +54,7 @@ def test_each_engine_tensor_is_one_region_and_items_are_its_blocks():
 
 def test_views_into_one_engine_tensor_register_it_once():
     whole = torch.zeros(2, 8, 2, 32, 128, dtype=torch.bfloat16)  # [layer, block, ...]
-    _, plan = plan_for(SPEC, {"tp": 1}, {"tp": 1})
+    _, plan = plan_for(SPEC, {"tp": 1}, {"tp": 1}, "local")
     pools = EnginePools(LAYOUT, plan.registration("prefill", R0), 1,
                         {("kv", "kv", i): whole[i] for i in range(2)})
     assert pools.regions() == [(whole.data_ptr(), whole.nbytes)]
