@@ -151,6 +151,7 @@ class Component:
     stages: str  # "all" | "first" | "last" | "kind:<k>" (request-wide state only)
     loc: Location
     why: str = ""  # the spec's own explanation, copied into generated code as a comment
+    on_prefix_hit: str = "skip"  # page state: "skip" or "send" (Note [Prefix skip])
 
 
 @dataclass(frozen=True, slots=True)
@@ -501,8 +502,16 @@ class _Parser:
         if len(set(tensors)) != len(tensors):
             self.diags.error(self.doc.loc(base + ("tensors",)),
                              f"component '{name}' names a tensor twice", "tensor names are unique")
+        on_prefix_hit = raw.get("on_prefix_hit", "skip")
+        if "on_prefix_hit" in raw and index is not IndexKind.PAGE:
+            self.diags.error(self.doc.key_loc(base + ("on_prefix_hit",)),
+                             f"component '{name}' sets `on_prefix_hit` but is indexed by "
+                             f"{index.value}",
+                             "only page-indexed state has pages that decode's prefix cache "
+                             "can hold; remove `on_prefix_hit`")
         return Component(name, layer_ids, request_wide, sentinel, index, ring_rows, window,
-                         tensors, item, shard, send, stages, loc, raw.get("why", ""))
+                         tensors, item, shard, send, stages, loc, raw.get("why", ""),
+                         on_prefix_hit)
 
     def shard(self, name: str, raw: dict, item: Item, path: tuple) -> Shard | None:
         target = raw["shard"]

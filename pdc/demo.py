@@ -151,11 +151,11 @@ def _rank_loop(cmd_q, res_q, cfg: DemoConfig, side: str, dp: int, pp: int, tp: i
             for r in wave:
                 ids = r.ids[side]
                 page_size = topo.decode.page_size
-                prefix_pages = r.prefix_tokens // page_size
                 for comp, pos, item, where, data in _labels_for(layout, plan, side, rank,
                                                                  cfg.seed, r, ids):
                     view = pools.view(comp.name, pos)
-                    if comp.index == "page" and where < prefix_pages:
+                    if comp.index == "page" and \
+                            where < comp.prefix_pages(r.prefix_tokens, page_size):
                         view[item] = data  # decode prefix cache already holds these pages
                     else:
                         view[item] = 0xA5  # poison: every byte must be overwritten
@@ -228,10 +228,10 @@ def _play_forward(ep, plan, layout, rank, senders: dict, deadline: float) -> dic
 
 def _touched(layout, plan, rank, seed, req: Req, pools) -> str:
     """For a request that failed: name an item outside the prefix that was written at all."""
-    prefix_pages = req.prefix_tokens // plan.topology.decode.page_size
+    page_size = plan.topology.decode.page_size
     for comp, pos, item, where, _ in _labels_for(layout, plan, ROLE_DECODE, rank, seed, req,
                                                  req.ids[ROLE_DECODE]):
-        if comp.index == "page" and where < prefix_pages:
+        if comp.index == "page" and where < comp.prefix_pages(req.prefix_tokens, page_size):
             continue
         if (pools.view(comp.name, pos)[item] != 0xA5).any():
             return f"BYTES WRITTEN into {comp.name} entry {pos} position {where}"

@@ -63,13 +63,14 @@ def component_pairs(layout: FamilyLayout, chunk: PrefillChunk, target: DecodeTar
                     page_size: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """(source ids, destination ids) of every component for one chunk."""
     out = {}
-    pages = None
+    pages: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # by prefix pages skipped
     for c in layout.components:
         if c.index == "page":
             if c.send == "every_chunk" or chunk.last:
-                if pages is None:
-                    pages = chunk_page_pairs(chunk, target, page_size)
-                out[c.name] = pages
+                skip = c.prefix_pages(target.prefix_len, page_size)
+                if skip not in pages:
+                    pages[skip] = chunk_page_pairs(chunk, target, page_size, skip)
+                out[c.name] = pages[skip]
         elif not chunk.last:
             continue
         elif c.index == "window":

@@ -136,6 +136,11 @@ class _Chunk:
     ready_layers: set = field(default_factory=set)
     all_ready: bool = False
     coverage_checked: bool = False
+    # Note [Indices once per chunk]: a streamed chunk is submitted once per layer, and its
+    # index pairs (and staging positions) depend only on the chunk and the decode target, so
+    # they are computed on the first submit and reused by every later layer and the digest.
+    pairs: dict = field(default_factory=dict)  # decode RankId -> component_pairs(...)
+    positions: dict = field(default_factory=dict)  # decode RankId -> chunk_positions(...)
     sent_layers: set = field(default_factory=set)
     sent_all: bool = False
 
@@ -797,8 +802,10 @@ class PrefillEndpoint:
                 if c.chunk.last and not c.coverage_checked and self._has_pages:
                     # Before the last chunk's first write (Note [Exact page coverage]).
                     for t in r.targets.values():
+                        first = min(c.prefix_pages(t.target.prefix_len, self.page_size)
+                                    for c in self.layout.components if c.index == "page")
                         check_page_coverage([x.chunk for x in r.chunks], t.target,
-                                            self.page_size)
+                                            self.page_size, first)
                     c.coverage_checked = True
                 self._submit(r, c, layers)
                 if finished and r.checksum:
@@ -839,7 +846,7 @@ class PrefillEndpoint:
     def _submit(self, r: _Room, c: _Chunk, layers) -> None:
         """Issue one chunk's writes (`layers`: only these; None: all) to every decode target."""
         for d, t in r.targets.items():
-            pairs = component_pairs(self.layout, c.chunk, t.target, self.page_size)
+            pairs = self._pairs(c, d, t)
             desc = build_descriptors(self.links[d], self.local, t.peer.remote, pairs, layers,
                                      whole_only=t.staged is not None)
             src, dst, nbytes = desc.src, desc.dst, desc.nbytes
@@ -859,6 +866,13 @@ class PrefillEndpoint:
             r.stats.batches += 1
             r.bytes_to[d] = r.bytes_to.get(d, 0) + total
 
+    def _pairs(self, c: _Chunk, d: RankId, t: _Target) -> dict:
+        """Note [Indices once per chunk]."""
+        pairs = c.pairs.get(d)
+        if pairs is None:
+            pairs = c.pairs[d] = component_pairs(self.layout, c.chunk, t.target, self.page_size)
+        return pairs
+
     def _gather(self, c: _Chunk, t: _Target, link, layers):
         """Pack the chunk's pieces of the link's partial entries into this rank's gather
         buffer at their staging offsets; one descriptor per contiguous stretch of it."""
@@ -866,7 +880,10 @@ class PrefillEndpoint:
         if st.local is None:
             self._reserve_gather_buffer(st)
         base = address(st.local)
-        positions = staging.chunk_positions(self.layout, c.chunk, t.target, self.page_size)
+        positions = c.positions.get(t.peer.rank)
+        if positions is None:
+            positions = c.positions[t.peer.rank] = staging.chunk_positions(
+                self.layout, c.chunk, t.target, self.page_size)
         # Blocks of one component share the chunk's runs of items: (component, j0, n) -> (ids,
         # blocks), checked once and, with the copy kernels, gathered in one launch.
         groups: dict[tuple, tuple] = {}
@@ -922,7 +939,7 @@ class PrefillEndpoint:
     def _digest_chunk(self, r: _Room, c: _Chunk) -> None:
         """Add a complete chunk's source bytes to each link's digest (Note [Link digest])."""
         for d, t in r.targets.items():
-            pairs = component_pairs(self.layout, c.chunk, t.target, self.page_size)
+            pairs = self._pairs(c, d, t)
             part = integrity.link_digest(r.room, r.generation, self.links[d], self.pools.view,
                                          pairs, "src")
             r.digests[d] = integrity.add(r.digests.get(d, 0), part)
@@ -1105,6 +1122,17 @@ class PrefillSender:
                 return
             r.chunks.append(_Chunk(chunk, self._chunk_id, stream))
             self._chunk_id += 1
+
+    def send_cached(self, page_ids, cached_tokens: int) -> None:
+        """Send the pages prefill holds from its own prefix cache now, before the forward.
+
+        Note [Cached-prefix early send]: a prefix-cache hit on prefill leaves pages that are
+        final before the forward runs ("lever B"). They go out at once as one complete
+        chunk at positions 0.. (`cached_tokens` tokens), while the forward's chunks follow
+        with `stream=True` from the first page not wholly cached, so the transfer of the
+        cached part overlaps the forward instead of following its layers. Pages below
+        decode's own prefix are still skipped (Note [Prefix skip])."""
+        self.send(page_ids, 0, False, cached_tokens)
 
     def poll(self) -> KVPoll:
         """Terminal only once no write of this use is in flight: the caller may reuse its

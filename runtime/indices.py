@@ -55,17 +55,18 @@ def window_first_page(seq_len: int, window_tokens: int, page_size: int) -> int:
     return max(0, seq_len - window_tokens) // page_size
 
 
-def chunk_page_pairs(chunk: PrefillChunk, target: DecodeTarget,
-                     page_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """(prefill page ids, decode page ids) this chunk writes; see Note [Absolute page positions]."""
+def chunk_page_pairs(chunk: PrefillChunk, target: DecodeTarget, page_size: int,
+                     prefix_pages: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(prefill page ids, decode page ids) this chunk writes; see Note [Absolute page positions].
+    `prefix_pages`: pages decode holds already (Note [Prefix skip]); default from its prefix."""
     n = len(chunk.page_ids)
     positions = np.arange(chunk.page_start, chunk.page_start + n, dtype=np.int64)
     if n and (chunk.page_start < 0 or positions[-1] >= len(target.page_ids)):
         raise IndexError_(f"chunk pages {chunk.page_start}..{chunk.page_start + n - 1} exceed "
                           f"the {len(target.page_ids)} pages decode allocated")
-    # A page that is only partly covered by the decode prefix is still sent: decode's copy
-    # of the tail of that page is not guaranteed to match.
-    keep = positions >= target.prefix_len // page_size
+    if prefix_pages is None:
+        prefix_pages = target.prefix_len // page_size
+    keep = positions >= prefix_pages
     return np.asarray(chunk.page_ids, np.int64)[keep], np.asarray(target.page_ids, np.int64)[positions[keep]]
 
 
@@ -82,17 +83,20 @@ def window_pairs(chunk: PrefillChunk, target: DecodeTarget, window_tokens: int,
     return src, dst
 
 
-def check_page_coverage(chunks, target: DecodeTarget, page_size: int) -> None:
-    """At the last chunk: the request's pages beyond decode's prefix were sent, all of them,
-    and decode allocated exactly the prompt's pages (Note [Exact page coverage]).
+def check_page_coverage(chunks, target: DecodeTarget, page_size: int,
+                        first_page: int | None = None) -> None:
+    """At the last chunk: every page decode needs was sent, and decode allocated exactly the
+    prompt's pages (Note [Exact page coverage]).
 
     Note [Exact page coverage]: bounds checks alone let a request end in Success with pages
     that nobody wrote: decode allocating 7 pages for a 5-page prompt, or chunks that skip
     pages 0-2. Once prefill has the last chunk it knows the prompt's length (`seq_len`), so
     it checks that decode's page list has exactly pages_of(seq_len) entries and that the
     chunks' absolute positions cover every page from decode's first non-prefix page to the
-    end. A page partly inside the prefix counts as beyond it (it is sent, see
-    chunk_page_pairs). A mismatch fails that request only, naming both counts.
+    end. A page partly inside the prefix is needed (it is sent, see
+    chunk_page_pairs). `first_page` is the first page any component must have: 0 when one
+    is sent whole on a prefix hit (Note [Prefix skip]). A mismatch fails that request only,
+    naming both counts.
     """
     chunks = list(chunks)
     last = chunks[-1]
@@ -104,7 +108,7 @@ def check_page_coverage(chunks, target: DecodeTarget, page_size: int) -> None:
     if target.prefix_len > last.seq_len:
         raise IndexError_(f"decode holds a prefix of {target.prefix_len} tokens but the prompt "
                           f"has only {last.seq_len}")
-    first = target.prefix_len // page_size
+    first = target.prefix_len // page_size if first_page is None else first_page
     covered = np.zeros(want, bool)
     for c in chunks:
         lo = max(0, min(want, c.page_start))
@@ -112,9 +116,8 @@ def check_page_coverage(chunks, target: DecodeTarget, page_size: int) -> None:
     missing = np.flatnonzero(~covered[first:]) + first
     if len(missing):
         need = want - first
-        raise IndexError_(f"prefill sent {need - len(missing)} of the {need} pages beyond "
-                          f"decode's prefix (positions {first}..{want - 1}); missing "
-                          f"{_ranges(missing)}")
+        raise IndexError_(f"prefill sent {need - len(missing)} of the {need} pages decode "
+                          f"needs (positions {first}..{want - 1}); missing {_ranges(missing)}")
 
 
 def _ranges(positions: np.ndarray) -> str:

@@ -121,7 +121,6 @@ def destination_pairs(layout: FamilyLayout, target: DecodeTarget, page_size: int
                                                                          np.ndarray]]:
     """Destination ids of every component a whole request writes, as decode knows them
     (Note [Link digest]); both halves of each pair are the destination ids."""
-    prefix = target.prefix_len // page_size
     end = last_start + last_count
     if end > len(target.page_ids):
         raise IndexError_(f"prefill reports pages up to position {end}, decode allocated "
@@ -129,6 +128,7 @@ def destination_pairs(layout: FamilyLayout, target: DecodeTarget, page_size: int
     out = {}
     for c in layout.components:
         if c.index == "page":
+            prefix = c.prefix_pages(target.prefix_len, page_size)
             lo = prefix if c.send == "every_chunk" else max(prefix, last_start)
             ids = np.asarray(target.page_ids, np.int64)[lo:end] if end > lo else \
                 np.zeros(0, np.int64)

@@ -99,6 +99,21 @@ class ComponentLayout:
     send: str  # every_chunk | last_chunk
     stages: str  # request-wide ownership: all | first | last | kind:<k>
     loc: str  # "spec.yaml:line:col" of the component, for messages
+    # Page state on a decode prefix-cache hit (Note [Prefix skip]): "skip" = pages decode
+    # already holds are not sent; "send" = every page is sent (decode's cache lacks this state).
+    on_prefix_hit: str = "skip"
+
+    def prefix_pages(self, prefix_tokens: int, page_size: int) -> int:
+        """Pages at the start of a request that decode holds already for this component.
+
+        Note [Prefix skip]: decode's prefix cache holds the pages of the tokens it matched,
+        so prefill sends a page-indexed component only from the first page that is not
+        wholly inside the prefix (a partly covered page is sent: decode's copy of its tail
+        is not guaranteed to match). State that decode's cache does not keep, such as an
+        indexer cache or the draft layers' KV, says `on_prefix_hit: send` in its spec and is
+        sent from page 0 even on a hit.
+        """
+        return 0 if self.on_prefix_hit == "send" else prefix_tokens // page_size
 
     def item_bytes_at(self, tp: int) -> int:
         """Bytes of one item on a rank of an attention-TP group of size tp."""

@@ -43,10 +43,9 @@ class Block:
 
 def request_items(layout: FamilyLayout, target: DecodeTarget, page_size: int) -> dict[str, int]:
     out = {}
-    prefix_pages = target.prefix_len // page_size
     for c in layout.components:
         out[c.name] = {
-            "page": max(0, len(target.page_ids) - prefix_pages),
+            "page": max(0, len(target.page_ids) - c.prefix_pages(target.prefix_len, page_size)),
             "window": 0 if target.window_page_ids is None else len(target.window_page_ids),
             "ring": c.ring_rows,
         }.get(c.index, 1)
@@ -75,14 +74,14 @@ def chunk_positions(layout: FamilyLayout, chunk: PrefillChunk, target: DecodeTar
                     page_size: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """(prefill item ids, item positions j in the staging blocks) per component for a chunk."""
     out = {}
-    prefix_pages = target.prefix_len // page_size
     n = len(chunk.page_ids)
     pos = np.arange(chunk.page_start, chunk.page_start + n, dtype=np.int64)
-    keep = pos >= prefix_pages
     for c in layout.components:
         if c.index == "page":
             if c.send == "every_chunk" or chunk.last:
-                out[c.name] = (np.asarray(chunk.page_ids, np.int64)[keep], pos[keep] - prefix_pages)
+                skip = c.prefix_pages(target.prefix_len, page_size)
+                keep = pos >= skip
+                out[c.name] = (np.asarray(chunk.page_ids, np.int64)[keep], pos[keep] - skip)
         elif not chunk.last:
             continue
         elif c.index == "window":
@@ -102,11 +101,11 @@ def chunk_positions(layout: FamilyLayout, chunk: PrefillChunk, target: DecodeTar
 
 def target_ids(layout: FamilyLayout, target: DecodeTarget, page_size: int) -> dict[str, np.ndarray]:
     """Decode item ids per component, in staging item order (j = 0, 1, ...)."""
-    prefix_pages = target.prefix_len // page_size
     out = {}
     for c in layout.components:
         if c.index == "page":
-            out[c.name] = np.asarray(target.page_ids, np.int64)[prefix_pages:]
+            skip = c.prefix_pages(target.prefix_len, page_size)
+            out[c.name] = np.asarray(target.page_ids, np.int64)[skip:]
         elif c.index == "window":
             out[c.name] = np.asarray(target.window_page_ids, np.int64)
         elif c.index == "slot":

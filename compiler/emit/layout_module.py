@@ -77,6 +77,8 @@ def _args(obj: object, literal_of: dict[str, str] | None = None) -> tuple[Arg, .
     """Keyword arguments rebuilding `obj`; fields named in `literal_of` use that source."""
     out = []
     for f in dataclasses.fields(obj):
+        if f.default is not dataclasses.MISSING and getattr(obj, f.name) == f.default:
+            continue  # a field added with a default leaves existing modules unchanged
         if literal_of and f.name in literal_of:
             out.append(Arg(f.name, literal_of[f.name]))
             continue

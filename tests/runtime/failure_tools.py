@@ -92,9 +92,9 @@ def _copy(s, d, n) -> None:
 
 
 class Family:
-    def __init__(self, prefill=None, decode=None):
-        spec = load_spec(TINY)
-        self.layout, self.plan = plan_for(TINY, prefill or {"tp": 1}, decode or {"tp": 1},
+    def __init__(self, prefill=None, decode=None, spec_path: str = TINY):
+        spec = load_spec(spec_path)
+        self.layout, self.plan = plan_for(spec_path, prefill or {"tp": 1}, decode or {"tp": 1},
                                           backend="local")
         self.sources = family_sources(spec)
         _, self.wire = load_family(self.sources)

@@ -30,8 +30,7 @@ def test_prefix_pages_may_be_skipped():
 def test_partial_prefix_page_must_still_be_sent():
     with pytest.raises(IndexError_) as e:
         check_page_coverage([_chunk(3, 2, 18, True)], _target(5, prefix=9), PAGE)
-    assert str(e.value) == ("prefill sent 2 of the 3 pages beyond decode's prefix "
-                            "(positions 2..4); missing 2")
+    assert str(e.value) == ("prefill sent 2 of the 3 pages decode needs (positions 2..4); missing 2")
 
 
 def test_decode_allocated_more_pages_than_the_prompt_has():
@@ -49,16 +48,14 @@ def test_decode_allocated_fewer_pages():
 def test_chunks_that_skip_the_first_pages():
     with pytest.raises(IndexError_) as e:
         check_page_coverage([_chunk(3, 2, 18, True)], _target(5), PAGE)
-    assert str(e.value) == ("prefill sent 2 of the 5 pages beyond decode's prefix "
-                            "(positions 0..4); missing 0-2")
+    assert str(e.value) == ("prefill sent 2 of the 5 pages decode needs (positions 0..4); missing 0-2")
 
 
 def test_a_gap_between_chunks():
     with pytest.raises(IndexError_) as e:
         check_page_coverage([_chunk(0, 1, 4, False), _chunk(2, 1, 12, False),
                              _chunk(4, 1, 18, True)], _target(5), PAGE)
-    assert str(e.value) == ("prefill sent 3 of the 5 pages beyond decode's prefix "
-                            "(positions 0..4); missing 1, 3")
+    assert str(e.value) == ("prefill sent 3 of the 5 pages decode needs (positions 0..4); missing 1, 3")
 
 
 def test_prefix_longer_than_the_prompt():

@@ -4,6 +4,8 @@ untouched and the next one succeeds."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pdc.runtime import knobs
 from pdc.runtime.endpoints import KVPoll
@@ -61,8 +63,7 @@ def test_chunks_that_skip_pages_0_to_2(pair):
     rv.init(list(range(5)), 0, slot=0, aux_row=0)
     s = pair.pre.sender(3)
     s.send([3, 4], 3, True, 5 * PAGE, slot=0, aux_row=0)
-    _failed_with(s, rv, "bad index: prefill sent 2 of the 5 pages beyond decode's prefix "
-                        "(positions 0..4); missing 0-2")
+    _failed_with(s, rv, "bad index: prefill sent 2 of the 5 pages decode needs (positions 0..4); missing 0-2")
     _healthy_request(pair, 4)
 
 
@@ -89,6 +90,43 @@ def test_pages_below_the_decode_prefix_are_not_needed_and_not_touched(pair):
     kv1 = {int(x) for pos in range(len(pair.dpools.buffers["kv"]))
            for x in set(pair.dpools.view("kv", pos)[[2, 3]].ravel().tolist())}
     assert kv0 == {0x99} and kv1 == {0x42}
+
+
+def test_state_sent_whole_on_a_prefix_hit():
+    """`on_prefix_hit: send` (draft-style KV): every page of it is written, the paged KV
+    below the prefix is not."""
+    fam = Family(spec_path=str(Path(__file__).parent / "specs" / "tiny_prefix.yaml"))
+    tight_knobs()
+    pair = Pair(fam)
+    try:
+        pages = list(range(4))
+        fill(pair.ppools, pages, 0, 0x42)
+        fill(pair.dpools, pages, 0, 0)
+        for comp in ("kv", "draft_kv"):
+            for pos in range(len(pair.dpools.buffers[comp])):
+                pair.ppools.view(comp, pos)[pages] = 0x42
+                pair.dpools.view(comp, pos)[pages] = 0
+                pair.dpools.view(comp, pos)[[0, 1]] = 0x99  # decode's prefix pages
+        rv = pair.dec.receiver(1, 0)
+        rv.init(pages, 2 * PAGE, slot=0, aux_row=0)
+        pair.pre.sender(1).send(pages, 0, True, 4 * PAGE, slot=0, aux_row=0)
+        wait_for(lambda: rv.poll() == KVPoll.Success, what="success")
+
+        def held(comp, ids):
+            return {int(x) for pos in range(len(pair.dpools.buffers[comp]))
+                    for x in set(pair.dpools.view(comp, pos)[ids].ravel().tolist())}
+
+        assert held("kv", [0, 1]) == {0x99} and held("kv", [2, 3]) == {0x42}
+        assert held("draft_kv", [0, 1, 2, 3]) == {0x42}
+        # The chunks must now cover page 0 on: skipping the prefix fails the request.
+        rv = pair.dec.receiver(2, 0)
+        rv.init(pages, 2 * PAGE, slot=0, aux_row=0)
+        s = pair.pre.sender(2)
+        s.send([2, 3], 2, True, 4 * PAGE, slot=0, aux_row=0)
+        _failed_with(s, rv, "prefill sent 2 of the 4 pages decode needs (positions 0..3); missing 0-1")
+    finally:
+        pair.close()
+        knobs.reset()
 
 
 def test_missing_slot_fails_with_its_reason(pair):
