@@ -28,7 +28,8 @@ def one_case(prefill_tp: int, tokens: int, reps: int) -> dict:
     capacity = 2 * n_pages
     src_ids = rng.permutation(capacity)[:n_pages].astype(np.int64)
     dst_ids = rng.permutation(capacity)[:n_pages].astype(np.int64)
-    chunk = PrefillChunk(0, src_ids, True, tokens)
+    # Not the last chunk: the page components only (what a streamed middle chunk sends).
+    chunk = PrefillChunk(0, src_ids, False, tokens)
     target = DecodeTarget(dst_ids, 0)
     link = plan.links[0]
     local, _, nbytes = C.buffers(plan, "prefill", link.prefill, "kv", 1 << 32, capacity)

@@ -343,7 +343,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     try:
         return run_demo(spec, args.prefill, decode, args.engine, args.requests,
                         concurrency=args.concurrency, seed=args.seed, timeout_s=args.timeout,
-                        stream=args.stream, metrics=metrics)
+                        stream=args.stream, metrics=metrics, out=sys.stdout)
     finally:
         if metrics is not None:
             metrics.close()
