@@ -152,6 +152,7 @@ class Component:
     loc: Location
     why: str = ""  # the spec's own explanation, copied into generated code as a comment
     on_prefix_hit: str = "skip"  # page state: "skip" or "send" (Note [Prefix skip])
+    holds: str = "data"  # "data" or "kv_slots" (Note [Slot-valued state])
 
 
 @dataclass(frozen=True, slots=True)
@@ -509,9 +510,24 @@ class _Parser:
                              f"{index.value}",
                              "only page-indexed state has pages that decode's prefix cache "
                              "can hold; remove `on_prefix_hit`")
+        holds = raw.get("holds", "data")
+        if holds == "kv_slots":
+            wrong = []
+            if not request_wide or index is not IndexKind.AUX:
+                wrong.append("request-wide aux state (`layers: request`, `index: aux`)")
+            if dtype not in ("int32", "int64"):
+                wrong.append(f"integers (dtype int32 or int64, not {dtype})")
+            if shard is not None:
+                wrong.append("replicated (`tp: replicated`)")
+            if wrong:
+                self.diags.error(self.doc.loc(base + ("holds",)),
+                                 f"component '{name}' holds KV slots but is not "
+                                 + ", nor ".join(wrong),
+                                 "prefill rewrites slot values as whole integer rows; only "
+                                 "request-wide, replicated int32/int64 aux rows can hold them")
         return Component(name, layer_ids, request_wide, sentinel, index, ring_rows, window,
                          tensors, item, shard, send, stages, loc, raw.get("why", ""),
-                         on_prefix_hit)
+                         on_prefix_hit, holds)
 
     def shard(self, name: str, raw: dict, item: Item, path: tuple) -> Shard | None:
         target = raw["shard"]

@@ -69,6 +69,8 @@ from .indices import (
     PrefillChunk,
     check_capacity,
     check_page_coverage,
+    prefill_pages_by_position,
+    remap_kv_slots,
 )
 from .layout_types import FamilyLayout
 from .metrics import RecordBuffer, TransferMetrics, TransferRecord, emit
@@ -206,6 +208,8 @@ class _Room:
     created_by: _Peer | None = None  # the peer whose request created the room
     decode_dp: int | None = None  # decode DP group serving it (Note [DP routing]); None: unknown
     t_requested: float = 0.0  # every linked decode rank's TransferRequest arrived
+    remap_saved: list = field(default_factory=list)  # (row view, original bytes), Note [Slot-valued state]
+    remapped: set = field(default_factory=set)  # components whose rows remap_saved holds
     stats: RequestStats = field(default_factory=RequestStats)
 
     def fail(self, reason: str) -> bool:
@@ -244,6 +248,7 @@ class PrefillEndpoint:
         self.pools = pools
         self.page_size = plan.topology.prefill.page_size
         self._has_pages = any(c.index == "page" for c in layout.components)
+        self._slot_valued = [c for c in layout.components if c.holds == "kv_slots"]
         self.links = {lk.decode: lk for lk in plan.links_from(rank)}
         self.local = {
             name: [LocalBuffer(pools.address(name, i), b.item_bytes, b.capacity)
@@ -807,6 +812,12 @@ class PrefillEndpoint:
                         check_page_coverage([x.chunk for x in r.chunks], t.target,
                                             self.page_size, first)
                     c.coverage_checked = True
+                if c.chunk.last and self._slot_valued:
+                    # Only once the row is final: its sentinel's turn (forward_done) or now.
+                    due = [comp for comp in self._slot_valued if comp.name not in r.remapped
+                           and (layers is None or comp.sentinel in layers)]
+                    if due:
+                        self._remap_slots(r, c, due)
                 self._submit(r, c, layers)
                 if finished and r.checksum:
                     self._digest_chunk(r, c)
@@ -865,6 +876,44 @@ class PrefillEndpoint:
             r.stats.descriptors += len(src)
             r.stats.batches += 1
             r.bytes_to[d] = r.bytes_to.get(d, 0) + total
+
+    def _remap_slots(self, r: _Room, c: _Chunk, due: list) -> None:
+        """Note [Slot-valued state]: some request-wide rows hold token slots of the KV page
+        pool (e.g. the DSA top-k seed as physical slots, `holds: kv_slots` in the spec);
+        copied as bytes they would name prefill's pages on decode. Before the last chunk's
+        writes, prefill rewrites its own row to decode's slots of the same token positions
+        (it knows both page lists), and restores the row when the use retires, so a retry
+        starts from the serving engine's values. Every decode rank of the request must hold
+        the same page list (they share one page table); otherwise the request fails."""
+        chunks = [x.chunk for x in r.chunks]
+        n = max((ch.page_start + len(ch.page_ids) for ch in chunks), default=0)
+        src_pages = prefill_pages_by_position(chunks, n)
+        targets = list(r.targets.values())
+        dst = targets[0].target.page_ids
+        if any(not np.array_equal(t.target.page_ids, dst) for t in targets[1:]):
+            raise IndexError_("decode ranks of the request hold different page lists; "
+                              "slot-valued state needs one page table")
+        dst = np.concatenate([np.asarray(dst, np.int64), np.full(max(0, n - len(dst)), -1)])
+        for comp in due:
+            r.remapped.add(comp.name)
+            row_id = c.chunk.aux_row if comp.index == "aux" else c.chunk.slot
+            if row_id < 0:
+                continue  # a missing row id fails the request in component_pairs
+            dtype = np.dtype(comp.dtype)
+            for pos in range(len(self.pools.buffers.get(comp.name, ()))):
+                row = self.pools.view(comp.name, pos)[row_id]
+                host = row if isinstance(row, np.ndarray) else row.cpu().numpy()
+                original = host.copy()
+                mapped = remap_kv_slots(original.view(dtype), src_pages, dst, self.page_size,
+                                        f"'{comp.name}'").astype(dtype)
+                if isinstance(row, np.ndarray):
+                    row[:] = mapped.view(np.uint8)
+                else:
+                    import torch
+
+                    row.copy_(torch.from_numpy(mapped.view(np.uint8)))
+                    original = torch.from_numpy(original).to(row.device)
+                r.remap_saved.append((row, original))
 
     def _pairs(self, c: _Chunk, d: RankId, t: _Target) -> dict:
         """Note [Indices once per chunk]."""
@@ -1007,6 +1056,9 @@ class PrefillEndpoint:
             r.created_by = None
         r.retired = True
         r.inflight = [] if r.state == KVPoll.Failed else r.inflight
+        for row, original in r.remap_saved:
+            row[:] = original  # the source row as the serving engine wrote it
+        r.remap_saved, r.remapped = [], set()
         emit(self.metrics, TransferRecord(
             side="prefill", rank=self.rank_label, room=r.room, ok=r.state == KVPoll.Success,
             reason=r.reason if r.state == KVPoll.Failed else "", bytes=r.stats.bytes,

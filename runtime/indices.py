@@ -120,6 +120,43 @@ def check_page_coverage(chunks, target: DecodeTarget, page_size: int,
                           f"needs (positions {first}..{want - 1}); missing {_ranges(missing)}")
 
 
+def prefill_pages_by_position(chunks, n_pages: int) -> np.ndarray:
+    """Prefill page id at each absolute page position the chunks named (-1 where none did)."""
+    out = np.full(n_pages, -1, np.int64)
+    for c in chunks:
+        ids = np.asarray(c.page_ids, np.int64)
+        lo, hi = max(0, c.page_start), min(n_pages, c.page_start + len(ids))
+        if hi > lo:
+            out[lo:hi] = ids[lo - c.page_start:hi - c.page_start]
+    return out
+
+
+def remap_kv_slots(values: np.ndarray, src_pages: np.ndarray, dst_pages: np.ndarray,
+                   page_size: int, what: str) -> np.ndarray:
+    """Prefill physical token slots (page id * page_size + offset) -> decode's slots of the
+    same token positions; negative values (padding) stay. Note [Slot-valued state]."""
+    values = np.asarray(values, np.int64)
+    out = values.copy()
+    valid = values >= 0
+    if not valid.any():
+        return out
+    pages = values[valid] // page_size
+    known = src_pages >= 0
+    positions = np.flatnonzero(known)
+    order = np.argsort(src_pages[known], kind="stable")
+    sorted_pages = src_pages[known][order]
+    idx = np.searchsorted(sorted_pages, pages)
+    found = idx < len(sorted_pages)
+    found[found] = sorted_pages[idx[found]] == pages[found]
+    if not found.all():
+        bad = int(values[valid][~found][0])
+        raise IndexError_(f"{what} value {bad} names prefill page {bad // page_size}, which is "
+                          f"not one of the {len(positions)} pages prefill sent for the request")
+    pos = positions[order[idx]]
+    out[valid] = dst_pages[pos] * page_size + values[valid] % page_size
+    return out
+
+
 def _ranges(positions: np.ndarray) -> str:
     """'0-2, 5' for [0, 1, 2, 5]; at most four ranges, then how many more."""
     runs = np.split(positions, np.flatnonzero(np.diff(positions) != 1) + 1)

@@ -102,6 +102,10 @@ class ComponentLayout:
     # Page state on a decode prefix-cache hit (Note [Prefix skip]): "skip" = pages decode
     # already holds are not sent; "send" = every page is sent (decode's cache lacks this state).
     on_prefix_hit: str = "skip"
+    # What the items hold (Note [Slot-valued state]): "data"; "token_positions" = integers
+    # that are logical positions (sent as bytes); "kv_slots" = integers that are physical
+    # token slots of the KV page pool (page id * page_size + offset; < 0 padding), remapped.
+    holds: str = "data"
 
     def prefix_pages(self, prefix_tokens: int, page_size: int) -> int:
         """Pages at the start of a request that decode holds already for this component.

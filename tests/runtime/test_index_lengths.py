@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 from pdc.runtime import knobs
 from pdc.runtime.endpoints import KVPoll
@@ -136,3 +137,60 @@ def test_missing_slot_fails_with_its_reason(pair):
     s.send([0, 1], 0, True, 2 * PAGE, aux_row=0)
     _failed_with(s, rv, "bad index: component 'conv' needs a slot on both sides")
     _healthy_request(pair, 8)
+
+
+# ~~~ slot-valued state (Note [Slot-valued state]) ~~~
+
+
+def test_remap_kv_slots_maps_token_positions_and_keeps_padding():
+    from pdc.runtime.indices import remap_kv_slots
+
+    src = np.array([7, 2, 9], np.int64)  # prefill pages of positions 0, 1, 2
+    dst = np.array([4, 5, 0], np.int64)  # decode pages of the same positions
+    got = remap_kv_slots(np.array([7 * 4 + 1, 9 * 4 + 3, -1, 2 * 4]), src, dst, 4, "'t'")
+    assert got.tolist() == [4 * 4 + 1, 0 * 4 + 3, -1, 5 * 4]
+    with pytest.raises(Exception) as e:
+        remap_kv_slots(np.array([3 * 4]), src, dst, 4, "'t'")
+    assert str(e.value) == ("'t' value 12 names prefill page 3, which is not one of the 3 pages "
+                            "prefill sent for the request")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_topk_slots_arrive_as_decode_slots_and_prefill_row_is_restored(stream):
+    fam = Family(spec_path=str(Path(__file__).parent / "specs" / "tiny_topk.yaml"))
+    tight_knobs()
+    pair = Pair(fam)
+    try:
+        src_pages, dst_pages, row = [6, 2, 9], [1, 8, 3], 1
+        seed = np.array([6 * PAGE + 1, 9 * PAGE + 2, 2 * PAGE, -1, -1, 9 * PAGE, 6 * PAGE + 3,
+                         -1], np.int32)
+        pair.ppools.view("topk_seed", 0)[row] = seed.view(np.uint8)
+        pair.dpools.view("topk_seed", 0)[row] = 0
+        rv = pair.dec.receiver(1, 0)
+        rv.init(dst_pages, 0, slot=row, aux_row=row)
+        s = pair.pre.sender(1)
+        s.send(src_pages, 0, True, 3 * PAGE, slot=row, aux_row=row, stream=stream)
+        if stream:
+            for layer in sorted(fam.layout.all_layer_ids):
+                pair.pre.layer_done(layer)
+            pair.pre.forward_done()
+        wait_for(lambda: rv.poll() == KVPoll.Success, what="success")
+        wait_for(lambda: s.poll() == KVPoll.Success, what="prefill success")
+        got = pair.dpools.view("topk_seed", 0)[row].view(np.int32)
+        assert got.tolist() == [1 * PAGE + 1, 3 * PAGE + 2, 8 * PAGE, -1, -1, 3 * PAGE,
+                                1 * PAGE + 3, -1]
+        wait_for(lambda: pair.ppools.view("topk_seed", 0)[row].view(np.int32).tolist()
+                 == seed.tolist(), what="prefill's row restored")
+        # A slot outside the request's pages fails that request with the value named.
+        bad = seed.copy()
+        bad[0] = 12 * PAGE
+        pair.ppools.view("topk_seed", 0)[row] = bad.view(np.uint8)
+        rv = pair.dec.receiver(2, 0)
+        rv.init(dst_pages, 0, slot=row, aux_row=row)
+        s = pair.pre.sender(2)
+        s.send(src_pages, 0, True, 3 * PAGE, slot=row, aux_row=row)
+        _failed_with(s, rv, "bad index: 'topk_seed' value 48 names prefill page 12, which is "
+                            "not one of the 3 pages prefill sent for the request")
+    finally:
+        pair.close()
+        knobs.reset()
