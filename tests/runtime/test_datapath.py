@@ -169,9 +169,9 @@ def test_arena_first_fit_and_merge():
 def test_chunk_page_offsets_relative_instead_of_absolute_is_caught(monkeypatch):
     real = indices.chunk_page_pairs
 
-    def relative(chunk, target, page_size):
+    def relative(chunk, target, page_size, prefix_pages=None):
         moved = PrefillChunk(0, chunk.page_ids, chunk.last, chunk.seq_len)
-        return real(moved, target, page_size)
+        return real(moved, target, page_size, prefix_pages)
 
     monkeypatch.setattr(datapath, "chunk_page_pairs", relative)
     bad = _run(LLAMA, {"tp": 1}, {"tp": 1}, tokens=80, chunk_pages=2, prefix_tokens=0,
