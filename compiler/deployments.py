@@ -12,6 +12,7 @@ from __future__ import annotations
 from .coverage import prove as prove_coverage
 from .diagnostics import Diagnostic, SpecErrors
 from .layout import build_layout
+from .limits import MAX_PROOF_BYTES
 from .lower import lower
 from .model import Deployment, Spec
 from .topology import side_from_spec
@@ -24,6 +25,14 @@ def describe(d: Deployment) -> str:
         return ",".join(parts)
 
     return f"prefill {one(d.prefill)} -> decode {one(d.decode)} over {d.backend}"
+
+
+def proof_bytes(layout, plan) -> int:
+    """Bytes of the items the coverage proof labels for `plan` (one int64 label per byte)."""
+    d_tp = plan.topology.decode.tp
+    by_name = {c.name: c for c in layout.components}
+    return sum(len(entries) * by_name[name].item_bytes_at(d_tp)
+               for reg in plan.decode for name, entries, _ in reg.components)
 
 
 def check_deployments(spec: Spec, reparse, prove: bool) -> list[Diagnostic]:
@@ -63,6 +72,13 @@ def check_deployments(spec: Spec, reparse, prove: bool) -> list[Diagnostic]:
                                   "should reject it"))
             continue
         if prove:
+            checked = proof_bytes(layout, plan)
+            if checked > MAX_PROOF_BYTES:
+                out.append(Diagnostic(d.loc, f"{what}: its coverage proof would label "
+                                      f"{checked} bytes, more than the limit of "
+                                      f"{MAX_PROOF_BYTES}", "prove a smaller deployment (fewer "
+                                      "decode ranks); Note [Spec limits] in compiler/limits.py"))
+                continue
             problems = prove_coverage(layout, plan, limit=3)
             if problems:
                 out.append(Diagnostic(d.loc, f"{what} fails the coverage proof: {problems[0]}",

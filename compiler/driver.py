@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .deployments import check_deployments
-from .diagnostics import Diagnostic, Location, SpecErrors
+from .diagnostics import Diagnostic, SpecErrors
 from .emit import OutputSet, compile_specs
-from .frontend import parse_spec_text
+from .frontend import parse_spec_text, read_spec_text
 from .model import Spec
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -89,12 +89,9 @@ def build(paths: list[str | Path], deployments: str = "lower") -> Build:
     b = Build()
     for path in _unique(paths):
         name = spec_display_path(path)
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-            b.diagnostics.append(Diagnostic(Location(name), f"cannot read spec: {why}",
-                                            "check the path"))
+        text, problem = read_spec_text(path, name)
+        if problem is not None:
+            b.diagnostics.append(problem)
             b.failed.append(name)
             continue
         b.sources[name] = text.splitlines()

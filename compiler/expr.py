@@ -13,6 +13,8 @@ from __future__ import annotations
 import ast
 import operator
 
+from .limits import MAX_EXPR_CHARS, MAX_MAGNITUDE
+
 
 class ExprError(ValueError):
     """The expression is malformed or cannot be evaluated; the message says why."""
@@ -47,10 +49,15 @@ def names_in(text: str) -> set[str]:
 def _parse(text: str) -> ast.Expression:
     if not isinstance(text, str):
         raise ExprError(f"expected an expression string, got {type(text).__name__}")
+    if len(text) > MAX_EXPR_CHARS:
+        raise ExprError(f"expression of {len(text)} characters is longer than the "
+                        f"{MAX_EXPR_CHARS} allowed (Note [Spec limits])")
     try:
         return ast.parse(text.strip(), mode="eval")
     except SyntaxError as e:
         raise ExprError(f"cannot parse expression '{text}': {e.msg}") from None
+    except (RecursionError, MemoryError):
+        raise ExprError(f"expression '{text}' nests too deeply") from None
 
 
 def evaluate(value: int | str, env: dict[str, int]) -> int | bool:
@@ -58,12 +65,27 @@ def evaluate(value: int | str, env: dict[str, int]) -> int | bool:
     if isinstance(value, bool):
         raise ExprError(f"expected an integer or an expression, got {value!r}")
     if isinstance(value, int):
-        return value
+        return _bounded(value, str(value))
     tree = _parse(value)
-    return _eval(tree.body, env, value)
+    try:
+        return _eval(tree.body, env, value)
+    except RecursionError:
+        raise ExprError(f"expression '{value}' nests too deeply") from None
+
+
+def _bounded(v, text: str):
+    """Every value an expression computes stays within +-MAX_MAGNITUDE: sizes and ids fit
+    in 64 bits, and chained `**` cannot build integers of megabytes."""
+    if not isinstance(v, bool) and abs(v) > MAX_MAGNITUDE:
+        raise ExprError(f"value out of range (more than 2**64 in magnitude) in '{text}'")
+    return v
 
 
 def _eval(node: ast.AST, env: dict[str, int], text: str):
+    return _bounded(_eval_node(node, env, text), text)
+
+
+def _eval_node(node: ast.AST, env: dict[str, int], text: str):
     if isinstance(node, ast.Constant):
         if isinstance(node.value, bool) or not isinstance(node.value, int):
             raise ExprError(f"only integer literals are allowed in '{text}', found {node.value!r}")

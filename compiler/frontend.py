@@ -11,9 +11,37 @@ from pathlib import Path
 
 from .check import check_spec
 from .diagnostics import Diagnostic, Diagnostics, Location, SpecErrors
+from .limits import MAX_SPEC_BYTES
 from .model import Spec, build_spec
 from .schema import validate_shape
 from .yaml_loader import load_located
+
+
+def read_spec_text(path: str | Path, name: str) -> tuple[str | None, Diagnostic | None]:
+    """The text of a spec file, or a diagnostic (named `name`) saying why there is none.
+
+    At most MAX_SPEC_BYTES are read (Note [Spec limits]), so a huge file or a device that
+    never ends costs no more than that."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_SPEC_BYTES + 1)
+    except OSError as e:
+        return None, Diagnostic(Location(name), f"cannot read spec: {e.strerror or e}",
+                                "check the path")
+    if len(raw) > MAX_SPEC_BYTES:
+        return None, Diagnostic(Location(name), f"the spec is larger than {MAX_SPEC_BYTES} "
+                                "bytes", "a spec is a few kilobytes of YAML; is this the right "
+                                "file?")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return None, Diagnostic(Location(name), f"the spec is not UTF-8 text (byte {e.start} "
+                                "is not)", "a spec is a YAML text file; is this the right file?")
+    if "\x00" in text:
+        return None, Diagnostic(Location(name), f"the spec holds a NUL byte (at byte "
+                                f"{raw.index(0)}): it looks like a binary file",
+                                "a spec is a YAML text file; is this the right file?")
+    return text, None
 
 
 def parse_spec_text(text: str, path: str, overrides: dict[str, int] | None = None,
@@ -47,10 +75,7 @@ def parse_spec_text(text: str, path: str, overrides: dict[str, int] | None = Non
 
 def load_spec(path: str | Path, overrides: dict[str, int] | None = None,
               dtypes: dict[str, str] | None = None) -> Spec:
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise SpecErrors([Diagnostic(Location(str(path)), f"cannot read spec: {e.strerror}",
-                                     "check the path")]) from None
+    text, problem = read_spec_text(path, str(path))
+    if problem is not None:
+        raise SpecErrors([problem])
     return parse_spec_text(text, str(path), overrides, dtypes)

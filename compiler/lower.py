@@ -9,6 +9,7 @@ from pdc.runtime.lowering import (
     check_topology,
     local_units,
     lower,
+    lowering_steps,
     owning_stages,
     replicated_writers,
     request_writer_stages,
@@ -17,5 +18,5 @@ from pdc.runtime.lowering import (
     tp_sources,
 )
 
-__all__ = ["check_topology", "local_units", "lower", "owning_stages", "replicated_writers",
+__all__ = ["check_topology", "local_units", "lower", "lowering_steps", "owning_stages", "replicated_writers",
            "request_writer_stages", "source_position", "source_stages", "tp_sources"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import enum
+from collections import deque
 from dataclasses import dataclass, field
 
 from pdc.runtime.layout_types import KNOWN_BACKENDS as KNOWN_BACKENDS
@@ -22,6 +23,15 @@ from pdc.runtime.layout_types import BackendRule as BackendRule
 
 from .diagnostics import Diagnostics, Location
 from .expr import ExprError, evaluate, names_in
+from .limits import (
+    MAX_COMPONENTS,
+    MAX_DEPLOYMENTS,
+    MAX_ENTRIES,
+    MAX_ITEM_BYTES,
+    MAX_LAYERS,
+    MAX_PARAMS,
+    MAX_SHARD_UNITS,
+)
 from .yaml_loader import Located
 
 UINT32_MAX = 2**32 - 1
@@ -224,17 +234,41 @@ class Spec:
 # ~~~ PARSING ~~~
 
 
-def _ids(items: list, doc: Located, path: tuple, diags: Diagnostics) -> list[int]:
-    out = []
+_LIMIT_HINT = "this is far beyond any real model (Note [Spec limits] in compiler/limits.py)"
+
+
+# Layer ids all the lists of one spec may name together (kinds, selectors, stage lists).
+MAX_LISTED_IDS = 16 * MAX_LAYERS
+
+
+def _ids(items: list, doc: Located, path: tuple, diags: Diagnostics,
+         budget: list[int] | None = None) -> list[int]:
+    """The layer ids of a list of ids and inclusive ranges; at most MAX_LAYERS of them, each
+    below MAX_LAYERS, and at most `budget[0]` (decremented) for the whole spec (Note [Spec
+    limits]), so no range or pile of ranges can expand to billions."""
+    budget = budget if budget is not None else [MAX_LISTED_IDS]
+    out: list[int] = []
     for i, it in enumerate(items):
-        if isinstance(it, dict):
-            lo, hi = it["from"], it["to"]
-            if hi < lo:
-                diags.error(doc.loc(path + (i,)), f"layer range from {lo} to {hi} is empty",
-                            "write `from` <= `to` (both inclusive)")
-            out.extend(range(lo, hi + 1))
-        else:
-            out.append(it)
+        lo, hi = (it["from"], it["to"]) if isinstance(it, dict) else (it, it)
+        if hi < lo:
+            diags.error(doc.loc(path + (i,)), f"layer range from {lo} to {hi} is empty",
+                        "write `from` <= `to` (both inclusive)")
+            continue
+        if hi >= MAX_LAYERS:
+            diags.error(doc.loc(path + (i,)), f"layer id {hi} is beyond the limit of "
+                        f"{MAX_LAYERS} layers", _LIMIT_HINT)
+            return out
+        if len(out) + hi - lo + 1 > MAX_LAYERS:
+            diags.error(doc.loc(path + (i,)), f"this list names more than {MAX_LAYERS} layer "
+                        "ids", _LIMIT_HINT)
+            return out
+        if hi - lo + 1 > budget[0]:
+            diags.error(doc.loc(path + (i,)), f"the spec's lists name more than "
+                        f"{MAX_LISTED_IDS} layer ids in all", _LIMIT_HINT)
+            budget[0] = -1  # report once
+            return out
+        budget[0] -= hi - lo + 1
+        out.extend(range(lo, hi + 1))
     return out
 
 
@@ -250,6 +284,12 @@ class _Parser:
         # those left without layers; selectors may name them.
         self.declared_kinds: set[str] = set()
         self.dtype_names: dict[str, str] = {}  # the spec's `dtypes`: name -> dtype
+        self.ids_budget = [MAX_LISTED_IDS]  # layer ids the spec's lists may still name
+
+    def ids(self, items: list, path: tuple) -> list[int]:
+        if self.ids_budget[0] < 0:
+            return []
+        return _ids(items, self.doc, path, self.diags, self.ids_budget)
 
     def eval(self, value, path: tuple, what: str, env: dict | None = None) -> int | None:
         try:
@@ -267,38 +307,46 @@ class _Parser:
         return v
 
     def params(self, raw: dict) -> tuple[Param, ...]:
+        if len(raw) > MAX_PARAMS:
+            self.diags.error(self.doc.loc(("params",)), f"the spec declares {len(raw)} params, "
+                             f"more than the limit of {MAX_PARAMS}", _LIMIT_HINT)
+            self.failed.update(raw)
+            return ()
+        # Params may refer to each other in any order: resolve in dependency order (Kahn),
+        # each param once, so the cost is linear in the params and their references.
+        deps = {name: _param_deps(value) & raw.keys() for name, value in raw.items()}
+        users: dict[str, list[str]] = {name: [] for name in raw}
+        waiting = {name: len(d) for name, d in deps.items()}
+        for name, d in deps.items():
+            for used in d:
+                users[used].append(name)
+        ready = deque(name for name in raw if not waiting[name])
         out = []
-        pending = dict(raw)
-        # Params may refer to each other in any order; resolve until no progress.
-        while pending:
-            progressed = False
-            for name, value in list(pending.items()):
-                try:
-                    deps = names_in(value) if isinstance(value, str) else set()
-                except ExprError:
-                    deps = set()  # evaluate() reports the syntax error below
-                if deps & set(pending):
-                    continue  # wait until the params it uses are known
-                v = self.eval(value, ("params", name), f"param '{name}'")
-                del pending[name]
-                progressed = True
-                if v is None:
-                    self.failed.add(name)
-                else:
-                    self.env[name] = v
-                    out.append(Param(name, v, str(value), self.doc.loc(("params", name))))
-            if not progressed:
-                self.failed.update(pending)
-                cycle = _cycle_members(pending)
-                first = next(n for n in raw if n in cycle)
-                if len(cycle) == 1:
-                    msg = f"param '{first}' refers to itself"
-                else:
-                    msg = f"params refer to each other in a cycle: {', '.join(sorted(cycle))}"
-                self.diags.error(self.doc.loc(("params", first)), msg,
-                                 "give it a literal value" if len(cycle) == 1
-                                 else "give one of them a literal value")
-                break
+        while ready:
+            name = ready.popleft()
+            value = raw[name]
+            v = self.eval(value, ("params", name), f"param '{name}'")
+            if v is None:
+                self.failed.add(name)
+            else:
+                self.env[name] = v
+                out.append(Param(name, v, str(value), self.doc.loc(("params", name))))
+            for user in users[name]:
+                waiting[user] -= 1
+                if not waiting[user]:
+                    ready.append(user)
+        pending = {name: deps[name] for name in raw if waiting[name]}
+        if pending:
+            self.failed.update(pending)
+            cycle = _cycle_members(pending)
+            first = next(n for n in raw if n in cycle)
+            if len(cycle) == 1:
+                msg = f"param '{first}' refers to itself"
+            else:
+                msg = f"params refer to each other in a cycle: {', '.join(sorted(cycle))}"
+            self.diags.error(self.doc.loc(("params", first)), msg,
+                             "give it a literal value" if len(cycle) == 1
+                             else "give one of them a literal value")
         order = {n: i for i, n in enumerate(raw)}
         return tuple(sorted(out, key=lambda p: order[p.name]))
 
@@ -336,10 +384,17 @@ class _Parser:
         pattern: tuple[str, ...] = ()
         count = 0
         if "pattern" in raw:
-            count = self.eval(raw["count"], ("layers", "count"), "layer count") or 0
+            evaluated = self.eval(raw["count"], ("layers", "count"), "layer count")
+            count = evaluated or 0
             pattern = tuple(raw["pattern"])
             self.declared_kinds.update(pattern)
-            if count < 1:
+            if evaluated is None:
+                pass  # already reported (or a param it uses was)
+            elif count > MAX_LAYERS:
+                self.diags.error(self.doc.loc(("layers", "count")), f"layer count {count} is "
+                                 f"beyond the limit of {MAX_LAYERS} layers", _LIMIT_HINT)
+                count = 0
+            elif count < 1:
                 self.diags.error(self.doc.loc(("layers", "count")),
                                  f"layer count must be at least 1, got {count}",
                                  "set `count` to the model's num_hidden_layers")
@@ -352,13 +407,16 @@ class _Parser:
         else:
             self.declared_kinds.update(raw["kinds"])
             for kind, items in raw["kinds"].items():
-                for i in _ids(items, self.doc, ("layers", "kinds", kind), self.diags):
-                    if i in kind_of:
-                        self.diags.error(self.doc.loc(("layers", "kinds", kind)),
-                                         f"layer {i} has two kinds: '{kind_of[i]}' and '{kind}'",
-                                         "every layer id has exactly one kind")
-                    else:
+                clash = None
+                for i in self.ids(items, ("layers", "kinds", kind)):
+                    if i not in kind_of:
                         kind_of[i] = kind
+                    elif clash is None:
+                        clash = i
+                if clash is not None:  # once per kind: a range may overlap in thousands
+                    self.diags.error(self.doc.loc(("layers", "kinds", kind)),
+                                     f"layer {clash} has two kinds: '{kind_of[clash]}' and "
+                                     f"'{kind}'", "every layer id has exactly one kind")
             count = max(kind_of) + 1 if kind_of else 0
             missing = sorted(set(range(count)) - set(kind_of))
             if missing:
@@ -375,6 +433,10 @@ class _Parser:
             if "first_id" in d:
                 first = self.eval(d["first_id"], dpath + ("first_id",), "draft first_id")
                 first = count if first is None else first
+            if first + n > MAX_LAYERS:
+                self.diags.error(self.doc.loc(dpath), f"draft layer ids reach {first + n - 1}, "
+                                 f"beyond the limit of {MAX_LAYERS} layers", _LIMIT_HINT)
+                n, first = 0, count
             draft = DraftBand(d["kind"], n, first, self.doc.loc(dpath))
             self.declared_kinds.add(draft.kind)
             if draft.kind in set(kind_of.values()):
@@ -415,14 +477,14 @@ class _Parser:
                                          f"known kinds: {', '.join(sorted(known))}")
                 layer_ids = tuple(i for i, k in layers.kind_of if k in kinds)
             else:
-                ids = _ids(sel["ids"], self.doc, base + ("layers", "ids"), self.diags)
+                ids = self.ids(sel["ids"], base + ("layers", "ids"))
                 valid = set(layers.kinds())
-                for i in ids:
-                    if i not in valid:
-                        self.diags.error(self.doc.loc(base + ("layers", "ids")),
-                                         f"component '{name}' names layer {i}, which does not "
-                                         f"exist", f"layer ids are 0..{layers.count - 1}"
-                                         + _draft_hint(layers.draft))
+                missing = next((i for i in ids if i not in valid), None)
+                if missing is not None:
+                    self.diags.error(self.doc.loc(base + ("layers", "ids")),
+                                     f"component '{name}' names layer {missing}, which does "
+                                     f"not exist", f"layer ids are 0..{layers.count - 1}"
+                                     + _draft_hint(layers.draft))
                 if len(set(ids)) != len(ids):
                     self.diags.error(self.doc.loc(base + ("layers", "ids")),
                                      f"component '{name}' lists a layer id twice",
@@ -473,6 +535,11 @@ class _Parser:
                                  "every axis has at least one element")
         dtype, dtype_text = self.item_dtype(name, item_raw["dtype"], base + ("item", "dtype"))
         item = Item(tuple(shape), tuple(texts), dtype, self.doc.loc(base + ("item",)), dtype_text)
+        if shape_ok and item.nbytes > MAX_ITEM_BYTES:
+            self.diags.error(self.doc.loc(base + ("item", "shape")),
+                             f"an item of component '{name}' holds {item.nbytes} bytes, beyond "
+                             f"the limit of {MAX_ITEM_BYTES} (16 MiB)", _LIMIT_HINT)
+            shape_ok = False
 
         shard = None
         if raw["tp"] != "replicated" and shape_ok:
@@ -565,6 +632,13 @@ class _Parser:
         units = self.units(name, raw, groups, path)
         if units is None:
             return None
+        n_units = sum(g // u for g, u in zip(groups, units, strict=True))
+        if n_units > MAX_SHARD_UNITS:
+            self.diags.error(self.doc.loc(path + ("shard",)),
+                             f"component '{name}' shards {n_units} units (heads), beyond the "
+                             f"limit of {MAX_SHARD_UNITS}", "shard by head: give `unit` the "
+                             "elements of one head; " + _LIMIT_HINT)
+            return None
         for i, (g, unit) in enumerate(zip(groups, units, strict=True)):
             if g % unit:
                 where = path + ("groups", i) if "groups" in raw else path + ("shard",)
@@ -609,7 +683,7 @@ class _Parser:
         stages = None
         if "stages" in raw:
             stages = tuple(
-                tuple(_ids(s, self.doc, path + ("stages", i), self.diags))
+                tuple(self.ids(s, path + ("stages", i)))
                 for i, s in enumerate(raw["stages"])
             )
         pp = raw.get("pp", len(stages) if stages else 1)
@@ -628,25 +702,33 @@ def _draft_hint(draft: DraftBand | None) -> str:
     return f" and {ids[0]} (draft)" if len(ids) == 1 else f" and {ids[0]}..{ids[-1]} (draft)"
 
 
-def _cycle_members(deps_of: dict) -> set[str]:
-    """Params of `deps_of` (name -> expression) that lie on a dependency cycle.
+def _param_deps(value: object) -> set[str]:
+    try:
+        return names_in(value) if isinstance(value, str) else set()
+    except ExprError:
+        return set()  # evaluate() reports the syntax error
+
+
+def _cycle_members(deps: dict[str, set[str]]) -> set[str]:
+    """Params of `deps` (name -> the params of `deps` it uses) that lie on a dependency cycle.
 
     Every name left unresolved either lies on a cycle or depends on one; the latter are
-    peeled off by dropping, repeatedly, names no other remaining name depends on.
-    """
-    deps = {}
-    for name, value in deps_of.items():
-        try:
-            deps[name] = (names_in(value) if isinstance(value, str) else set()) & set(deps_of)
-        except ExprError:
-            deps[name] = set()
+    peeled off, in linear time, by dropping names no remaining name depends on."""
+    deps = {n: d & deps.keys() for n, d in deps.items()}
+    dependents = {n: 0 for n in deps}
+    for d in deps.values():
+        for used in d:
+            dependents[used] += 1
+    drop = deque(n for n, k in dependents.items() if not k)
     left = set(deps)
-    while True:
-        needed = {d for n in left for d in deps[n]}
-        drop = left - needed
-        if not drop:
-            return left
-        left -= drop
+    while drop:
+        name = drop.popleft()
+        left.discard(name)
+        for used in deps[name]:
+            dependents[used] -= 1
+            if not dependents[used]:
+                drop.append(used)
+    return left
 
 
 def _ranges(ids: list[int]) -> str:
@@ -668,10 +750,23 @@ def build_spec(doc: Located, diags: Diagnostics) -> Spec | None:
     params = p.params(raw["params"])
     layers = p.layers(raw["layers"])
     comps = []
+    if len(raw["components"]) > MAX_COMPONENTS:
+        diags.error(doc.loc(("components",)), f"the spec declares {len(raw['components'])} "
+                    f"components, more than the limit of {MAX_COMPONENTS}", _LIMIT_HINT)
+        return None
     for name, c in raw["components"].items():
         comp = p.component(name, c, layers)
         if comp is not None:
             comps.append(comp)
+    entries = sum(len(c.tensors) * max(1, len(c.layer_ids)) for c in comps)
+    if entries > MAX_ENTRIES:
+        diags.error(doc.loc(("components",)), f"the components register {entries} entries "
+                    f"(tensors x layers), more than the limit of {MAX_ENTRIES}", _LIMIT_HINT)
+        return None
+    if len(raw.get("deployments", [])) > MAX_DEPLOYMENTS:
+        diags.error(doc.loc(("deployments",)), f"the spec lists {len(raw['deployments'])} "
+                    f"deployments, more than the limit of {MAX_DEPLOYMENTS}", _LIMIT_HINT)
+        return None
     constraints = tuple(
         Constraint(c["expr"], c["why"], doc.loc(("constraints", i)))
         for i, c in enumerate(raw.get("constraints", []))

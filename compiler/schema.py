@@ -142,6 +142,11 @@ def _describe(err: ValidationError, doc: Located) -> Diagnostic:
         hint = _did_you_mean(err.instance, err.validator_value) if isinstance(err.instance, str) else ""
         return Diagnostic(doc.loc(path), f"{_where(path)} is {_shown(err.instance)}, not one of "
                           f"{words}", " ".join(filter(None, (hint, f"use one of: {words}"))))
+    if v == "pattern" and "propertyNames" in err.schema_path:
+        # jsonschema reports a bad key at the mapping holding it: point at the key itself.
+        return Diagnostic(doc.key_loc(path + (err.instance,)), f"key {err.instance!r} in "
+                          f"{_where(path)} is not a valid name",
+                          f"names match {err.validator_value}")
     if v == "pattern":
         return Diagnostic(doc.loc(path), f"{_where(path)} is {err.instance!r}, which is not a "
                           f"valid name", f"names match {err.validator_value}")
@@ -152,6 +157,10 @@ def _describe(err: ValidationError, doc: Located) -> Diagnostic:
     if v == "minimum":
         return Diagnostic(doc.loc(path), f"{_where(path)} is {_shown(err.instance)}; expected at "
                           f"least {err.validator_value}", f"use a value >= {err.validator_value}")
+    if v == "maximum":
+        return Diagnostic(doc.loc(path), f"{_where(path)} is {_shown(err.instance)}; expected at "
+                          f"most {err.validator_value}", f"use a value <= {err.validator_value} "
+                          "(Note [Spec limits] in compiler/limits.py)")
     if v in ("minItems", "minProperties", "minLength") and len(err.instance) == 0:
         return Diagnostic(doc.loc(path), f"{_where(path)} is empty",
                           f"give at least {_plural(err.validator_value, 'entry', 'entries')}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pdc.runtime.topology import (
     SIDE_KEYS,
+    SIDE_MAX,
     parse_side_arg,
     resolve_side,
     split_stages,
@@ -17,7 +18,7 @@ from pdc.runtime.topology import (
 from .layout import FamilyLayout
 from .model import SideSpec
 
-__all__ = ["SIDE_KEYS", "parse_side_arg", "resolve_side", "side_from_spec", "split_stages",
+__all__ = ["SIDE_KEYS", "SIDE_MAX", "parse_side_arg", "resolve_side", "side_from_spec", "split_stages",
            "topology_from_args"]
 
 

@@ -7,6 +7,11 @@ duplicate) point at the key itself rather than at its value.
 
 Duplicate keys are errors (PyYAML silently keeps the last one). Anchors and merge keys work
 as in PyYAML; tags other than the core schema's are rejected by the safe loader.
+
+Before anything is composed, `scan` walks the parser's events once and refuses nesting
+deeper than MAX_DEPTH and documents of more than MAX_NODES nodes counted with every alias
+expanded (Note [Spec limits]): PyYAML's composer recurses per nesting level, and `build`
+below copies an aliased node at every use.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from dataclasses import dataclass
 import yaml
 
 from .diagnostics import Diagnostic, Location
+from .limits import MAX_DEPTH, MAX_NODES
 
 Path_ = tuple
 
@@ -59,9 +65,50 @@ def _yaml_error(e: yaml.YAMLError, path: str) -> Diagnostic:
     return Diagnostic(Location(path), f"invalid YAML: {e}", "fix the YAML syntax")
 
 
+def scan(text: str, path: str) -> Diagnostic | None:
+    """The first limit the document breaks (depth, nodes after alias expansion), or None.
+
+    One pass over parser events: the parser keeps an explicit state stack (no recursion),
+    and an anchor's size is recorded when its node ends, so an alias costs one addition
+    whatever it expands to."""
+    nodes = 0
+    open_: list[tuple[int, str | None]] = []  # (node count when it opened, anchor)
+    sizes: dict[str, int] = {}  # anchor -> nodes of its node, aliases expanded
+    for ev in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(ev, yaml.AliasEvent):
+            nodes += sizes.get(ev.anchor, 1)
+        elif isinstance(ev, yaml.ScalarEvent):
+            nodes += 1
+            if ev.anchor:
+                sizes[ev.anchor] = 1
+        elif isinstance(ev, yaml.CollectionStartEvent):
+            nodes += 1
+            open_.append((nodes, ev.anchor))
+            if len(open_) > MAX_DEPTH:
+                return Diagnostic(_mark(path, ev), f"the spec nests more than {MAX_DEPTH} "
+                                  "levels deep", "specs are a few levels of mappings and lists; "
+                                  "flatten this structure")
+        elif isinstance(ev, yaml.CollectionEndEvent):
+            start, anchor = open_.pop()
+            if anchor:
+                sizes[anchor] = nodes - start + 1
+        else:
+            continue
+        if nodes > MAX_NODES:
+            what = "with its aliases expanded " if sizes else ""
+            return Diagnostic(_mark(path, ev), f"the spec has more than {MAX_NODES} YAML nodes "
+                              f"{what}(limit reached here)",
+                              "a spec is a few hundred nodes; write a long list as a range "
+                              "({from: a, to: b}) and do not nest aliases inside aliases")
+    return None
+
+
 def load_located(text: str, path: str) -> tuple[Located | None, list[Diagnostic]]:
     errors: list[Diagnostic] = []
     try:
+        limit = scan(text, path)
+        if limit is not None:
+            return None, [limit]
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as e:
         return None, [_yaml_error(e, path)]
@@ -87,7 +134,12 @@ def load_located(text: str, path: str) -> tuple[Located | None, list[Diagnostic]
             out: dict = {}
             written: set = set()
             for i, (k_node, v_node) in enumerate(n.value):
-                key = constructor.construct_object(k_node, deep=True)
+                try:
+                    key = constructor.construct_object(k_node, deep=True)
+                except ValueError as e:
+                    errors.append(Diagnostic(_mark(path, k_node), f"cannot read key: {e}",
+                                             "keys are plain names"))
+                    continue
                 if not isinstance(key, (str, int)):
                     errors.append(Diagnostic(_mark(path, k_node), f"mapping key {key!r} is not a name",
                                              "keys are plain names"))
@@ -105,7 +157,12 @@ def load_located(text: str, path: str) -> tuple[Located | None, list[Diagnostic]
             return out
         if isinstance(n, yaml.SequenceNode):
             return [build(v, p + (i,)) for i, v in enumerate(n.value)]
-        return constructor.construct_object(n, deep=True)
+        try:
+            return constructor.construct_object(n, deep=True)
+        except ValueError as e:  # e.g. an integer of more digits than Python converts
+            errors.append(Diagnostic(_mark(path, n), f"cannot read scalar: {e}",
+                                     "write a plain name or a number of at most 20 digits"))
+            return None
 
     try:
         data = build(node, ())

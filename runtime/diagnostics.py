@@ -10,7 +10,8 @@ diagnostics into a list and print them all at once, sorted by location, as
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
+
+from .limits import MAX_SPEC_BYTES
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -40,13 +41,27 @@ class Diagnostic:
         out = [f"{self.loc}: error: {self.message}"]
         lines = (source_lines or {}).get(self.loc.file)
         if lines and 1 <= self.loc.line <= len(lines):
-            text = lines[self.loc.line - 1].rstrip("\n")
+            text, col = _window(lines[self.loc.line - 1].rstrip("\n"), self.loc.col)
             out.append(f"  {text}")
-            if self.loc.col >= 1:
-                out.append("  " + " " * (self.loc.col - 1) + "^")
+            if col >= 1:
+                out.append("  " + " " * (col - 1) + "^")
         if self.hint:
             out.append(f"  hint: {self.hint}")
         return "\n".join(out)
+
+
+SHOWN_LINE_CHARS = 200
+
+
+def _window(text: str, col: int) -> tuple[str, int]:
+    """At most SHOWN_LINE_CHARS of a source line, around `col` (and the caret's new column):
+    a machine-written spec may hold a line of a megabyte."""
+    if len(text) <= SHOWN_LINE_CHARS:
+        return text, col
+    start = max(0, min(col - 1 - SHOWN_LINE_CHARS // 2, len(text) - SHOWN_LINE_CHARS))
+    shown = text[start:start + SHOWN_LINE_CHARS]
+    head, tail = ("..." if start else ""), ("..." if start + SHOWN_LINE_CHARS < len(text) else "")
+    return head + shown + tail, (col - start + len(head) if col >= 1 else col)
 
 
 class SpecErrors(Exception):
@@ -61,9 +76,12 @@ def _source_lines(files: set[str]) -> dict[str, list[str]]:
     out = {}
     for name in files:
         try:
-            out[name] = Path(name).read_text().splitlines()
+            with open(name, "rb") as f:
+                raw = f.read(MAX_SPEC_BYTES + 1)
         except OSError:
             continue
+        if len(raw) <= MAX_SPEC_BYTES:  # a file too large to be a spec is not shown
+            out[name] = raw.decode("utf-8", errors="replace").splitlines()
     return out
 
 

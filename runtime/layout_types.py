@@ -130,7 +130,8 @@ class ComponentLayout:
         """Registered entries for a rank holding `layer_ids` (tensor-major, then id)."""
         if self.request_wide:
             return tuple(EntryKey(t, self.sentinel) for t in self.tensors)
-        held = [i for i in self.layer_ids if i in set(layer_ids)]
+        wanted = set(layer_ids)  # once: `in set(...)` per id made this quadratic
+        held = [i for i in self.layer_ids if i in wanted]
         return tuple(EntryKey(t, i) for t in self.tensors for i in held)
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from .diagnostics import Diagnostic, Location, SpecErrors
 from .layout_types import BackendRule, ComponentLayout, FamilyLayout
+from .limits import MAX_LOWERING_STEPS
 from .plan_types import Link, LinkEntry, Plan, RankId, Registration, Segment, Side, Topology
 
 # ~~~ mapping rules ~~~
@@ -72,18 +73,24 @@ def request_writer_stages(owners: tuple[int, ...]) -> tuple[int, ...]:
     return (min(owners),) if owners else ()
 
 
-def source_stages(comp: ComponentLayout, layer_id: int, prefill: Side,
+def source_stages(comp: ComponentLayout, layer_id: int, stage_of: dict[int, int],
                   owners: tuple[int, ...]) -> tuple[int, ...]:
+    """`stage_of`: prefill stage of each layer id (`stages_by_layer`)."""
     if comp.request_wide:
         return request_writer_stages(owners)
-    s = prefill.stage_of(layer_id)
+    s = stage_of.get(layer_id)
     return () if s is None else (s,)
 
 
-def source_position(src_entries: tuple, key: tuple[str, int], dst_pos: int) -> int:
+def stages_by_layer(side: Side) -> dict[int, int]:
+    return {i: s for s, ids in enumerate(side.stages) for i in ids}
+
+
+def source_position(src_positions: dict, key: tuple[str, int], dst_pos: int) -> int:
     """Position of the paired entry on the source rank: by global layer id (Note [Pair by
-    layer id]), never `dst_pos`."""
-    return src_entries.index(key)
+    layer id]), never `dst_pos`. `src_positions` maps the source rank's entries of the
+    component to their positions (a dict, not `tuple.index`: lowering stays linear)."""
+    return src_positions[key]
 
 
 # ~~~ static rules ~~~
@@ -128,6 +135,11 @@ def check_topology(layout: FamilyLayout, topo: Topology, backends: tuple[Backend
                     loc, f"component '{c.name}' cannot be sharded over {what} tp={tp}: its "
                     f"sub-blocks hold {', '.join(map(str, c.shard.group_units))} units",
                     "each sub-block's unit count must be a multiple or a divisor of tp"))
+    steps = lowering_steps(layout, topo)
+    if steps > MAX_LOWERING_STEPS:
+        errs.append(Diagnostic(loc, f"this plan takes {steps} lowering steps (entries x units "
+                               f"or ranks), more than the limit of {MAX_LOWERING_STEPS}",
+                               "use fewer ranks; Note [Spec limits] in compiler/limits.py"))
     for what, side in (("prefill", p), ("decode", d)):
         for c in layout.components:
             if c.request_wide and c.stages.startswith("kind:"):
@@ -136,6 +148,19 @@ def check_topology(layout: FamilyLayout, topo: Topology, backends: tuple[Backend
                     errs.append(Diagnostic(loc, f"no {what} stage owns request-wide component "
                                            f"'{c.name}'", "check its `stages` rule"))
     return errs
+
+
+def lowering_steps(layout: FamilyLayout, topo: Topology) -> int:
+    """An upper bound of the work `lower` does: every entry of every component is paired on
+    every decode rank, per unit (head) of the rank's slice or per writing source rank."""
+    p, d = topo.prefill, topo.decode
+    ranks = max(p.tp, d.tp) * max(p.pp, d.pp)
+    steps = 0
+    for c in layout.components:
+        entries = len(c.tensors) * max(1, len(c.layer_ids))
+        units = sum(c.shard.group_units) if c.shard is not None else 1
+        steps += entries * max(units, ranks)
+    return steps
 
 
 # ~~~ lowering ~~~
@@ -192,13 +217,14 @@ def _shard_segments(comp: ComponentLayout, p_tp: int, d_tp: int, pairs: list[tup
     return tuple(segs)
 
 
-def _lower_entry(c, P: Side, D: Side, dst: RankId, s_p: int, pos_d: int, key, pre_by_rank,
+def _lower_entry(c, P: Side, D: Side, dst: RankId, s_p: int, pos_d: int, key, positions,
                  links: dict, elected: dict) -> None:
+    """`positions(src, component)`: that source rank's entry -> position dict."""
     tensor, layer_id = key
     if c.shard is None:
         for t_p in replicated_writers(P.tp, D.tp, dst.tp):
             src = RankId(s_p, t_p)
-            pos_p = source_position(pre_by_rank[src].entries(c.name), key, pos_d)
+            pos_p = source_position(positions(src, c.name), key, pos_d)
             seg = (Segment(0, 0, c.item_bytes),)
             links.setdefault((src, dst), []).append(LinkEntry(
                 c.name, tensor, layer_id, pos_p, pos_d, c.item_bytes, c.item_bytes, seg))
@@ -208,16 +234,17 @@ def _lower_entry(c, P: Side, D: Side, dst: RankId, s_p: int, pos_d: int, key, pr
     by_src: dict[int, list[tuple[int, int]]] = {}
     cands = tp_sources(P.tp, D.tp, dst.tp)
     held = {t: local_units(c, P.tp, t) for t in cands}
+    held_at = {t: {unit: i for i, unit in enumerate(units)} for t, units in held.items()}
     dst_units = local_units(c, D.tp, dst.tp)
     for i_d, unit in enumerate(dst_units):
         # The first source holding the unit writes it; with GQA replication several do.
-        t_p = next((t for t in cands if unit in held[t]), None)
+        t_p = next((t for t in cands if unit in held_at[t]), None)
         if t_p is None:
             continue  # no source holds it: the coverage proof reports the gap
-        by_src.setdefault(t_p, []).append((held[t_p].index(unit), i_d))
+        by_src.setdefault(t_p, []).append((held_at[t_p][unit], i_d))
     for t_p, pairs in sorted(by_src.items()):
         src = RankId(s_p, t_p)
-        pos_p = source_position(pre_by_rank[src].entries(c.name), key, pos_d)
+        pos_p = source_position(positions(src, c.name), key, pos_d)
         links.setdefault((src, dst), []).append(LinkEntry(
             c.name, tensor, layer_id, pos_p, pos_d, c.item_bytes_at(P.tp),
             c.item_bytes_at(D.tp), _shard_segments(c, P.tp, D.tp, pairs, held[t_p], dst_units)))
@@ -233,6 +260,16 @@ def lower(layout: FamilyLayout, topo: Topology, backends: tuple[BackendRule, ...
     P, D = topo.prefill, topo.decode
     pre, dec = _registrations(layout, P), _registrations(layout, D)
     pre_by_rank = {r.rank: r for r in pre}
+    position_maps: dict[tuple[RankId, str], dict] = {}
+
+    def positions(src: RankId, component: str) -> dict:
+        key = (src, component)
+        if key not in position_maps:
+            ents = pre_by_rank[src].entries(component)
+            position_maps[key] = {e: i for i, e in enumerate(ents)}
+        return position_maps[key]
+
+    stage_of = stages_by_layer(P)
     kind_of = dict(layout.kind_of)
     links: dict[tuple[RankId, RankId], list[LinkEntry]] = {}
     elected: dict[tuple[RankId, RankId], list[str]] = {}
@@ -242,13 +279,13 @@ def lower(layout: FamilyLayout, topo: Topology, backends: tuple[BackendRule, ...
         for reg in dec:
             for pos_d, key in enumerate(reg.entries(c.name)):
                 tensor, layer_id = key
-                stages = source_stages(c, layer_id, P, owners)
+                stages = source_stages(c, layer_id, stage_of, owners)
                 if not stages:
                     raise SpecErrors([Diagnostic(loc, f"no prefill stage holds layer {layer_id} "
                                                  f"of component '{c.name}'",
                                                  "both sides must hold the same layers")])
                 for s_p in stages:
-                    _lower_entry(c, P, D, reg.rank, s_p, pos_d, key, pre_by_rank, links, elected)
+                    _lower_entry(c, P, D, reg.rank, s_p, pos_d, key, positions, links, elected)
 
     out = tuple(
         Link(src, dst, tuple(entries), tuple(elected.get((src, dst), ())))

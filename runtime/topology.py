@@ -13,21 +13,31 @@ from __future__ import annotations
 
 from .diagnostics import Diagnostic, Location
 from .layout_types import KNOWN_BACKENDS, FamilyLayout
+from .limits import MAX_DP, MAX_LAYERS, MAX_PAGE_SIZE, MAX_PP, MAX_TP
 from .plan_types import Side, Topology
 
 SIDE_KEYS = ("tp", "pp", "dp", "page_size", "stages")
+# The largest value of each key (Note [Spec limits] in compiler/limits.py): the plan has
+# tp x pp ranks per side, `pdc demo` starts a process per rank and dp replica.
+SIDE_MAX = {"tp": MAX_TP, "pp": MAX_PP, "dp": MAX_DP, "page_size": MAX_PAGE_SIZE}
 
 
 def _parse_stages(value: str) -> tuple[tuple[int, ...], ...] | None:
     """`0-19/20-59/60-79` (stages split by '/', ids and inclusive ranges joined by '+')."""
     stages = []
+    listed = 0
     for stage in value.split("/"):
         ids: list[int] = []
         for item in stage.split("+"):
             lo, dash, hi = item.partition("-")
-            if not lo.isdigit() or (dash and not hi.isdigit()):
+            hi = hi if dash else lo
+            if not (lo.isdigit() and hi.isdigit() and len(lo) < 8 and len(hi) < 8):
                 return None
-            ids.extend(range(int(lo), int(hi if dash else lo) + 1))
+            first, last = int(lo), int(hi)
+            listed += last - first + 1
+            if last >= MAX_LAYERS or listed > MAX_LAYERS:  # ids beyond any spec's layers
+                return None
+            ids.extend(range(first, last + 1))
         stages.append(tuple(ids))
     return tuple(stages)
 
@@ -38,6 +48,9 @@ def parse_side_arg(text: str, flag: str) -> tuple[dict, list[Diagnostic]]:
     loc = Location(flag)
     out: dict = {}
     errors = []
+    if not text.strip():
+        return out, [Diagnostic(loc, f"{flag} is empty", "give the side's layout, e.g. "
+                                f"{flag} tp=1 (or leave the flag out for its default)")]
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, sep, value = part.partition("=")
         key = key.strip()
@@ -51,17 +64,21 @@ def parse_side_arg(text: str, flag: str) -> tuple[dict, list[Diagnostic]]:
             if stages is None:
                 errors.append(Diagnostic(loc, f"cannot read stages '{value}' in {flag}",
                                          "write stages as 0-19/20-59/60-79: stages split by "
-                                         "'/', ids or inclusive ranges joined by '+'"))
+                                         "'/', ids (below the layer count) or inclusive ranges "
+                                         "joined by '+'"))
             else:
                 out["stages"] = stages
             continue
-        try:
-            n = int(value)
-        except ValueError:
-            n = 0
+        value = value.strip()
+        n = int(value) if value.isdigit() and len(value) < 8 else 0
         if n < 1:
             errors.append(Diagnostic(loc, f"{key} in {flag} must be a positive integer, got "
                                      f"'{value}'", f"e.g. {key}=2"))
+            continue
+        if n > SIDE_MAX[key]:
+            errors.append(Diagnostic(loc, f"{key}={n} in {flag} is beyond the limit of "
+                                     f"{SIDE_MAX[key]}", f"use {key} <= {SIDE_MAX[key]} (Note "
+                                     "[Spec limits] in compiler/limits.py)"))
             continue
         if key in out:
             errors.append(Diagnostic(loc, f"{key} given twice in {flag}", "give it once"))
