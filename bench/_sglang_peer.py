@@ -1,8 +1,8 @@
 """Runs SGLang's own descriptor code for bench/control_cost.py, inside SGLang's scratch venv.
 
-Not pdc code and not a copy of SGLang's: it loads the peer harness
-/work/shared/peers/sglang-descriptors/peer_sglang_descriptors.py (which loads the unmodified
-SGLang 0.5.23 modules) from its own path, sets the request length, and calls the harness's
+Not pdc code and not a copy of SGLang's: it loads the peer harness HARNESS (by default
+../shared/peers/sglang-descriptors/peer_sglang_descriptors.py relative to the repository root;
+it loads the unmodified SGLang 0.5.23 modules) from the path it is given, sets the request length, and calls the harness's
 `bench_send_kvcache` / `bench_send_slice` per case. Usage (argv): HARNESS OUT_JSON CONFIG_JSON.
 """
 

@@ -15,7 +15,8 @@ own functions and a plan lowered from specs/llama3-70b.yaml:
 
 In the same run, SGLang 0.5.23's own descriptor code for the same requests
 (`MooncakeKVManager.send_kvcache` with a counting engine), through the peer harness in
-/work/shared/peers/sglang-descriptors, in its own scratch venv (--sglang-python). On a machine
+../shared/peers/sglang-descriptors (relative to the repository root; --sglang-harness names
+another copy), in its own scratch venv (--sglang-python). On a machine
 with two GPUs, `--real` adds rows where the staged and direct submits launch for real (host time
 to queue them, pools on cuda:0 and cuda:1).
 
@@ -49,7 +50,9 @@ from pdc.runtime.engines.base import Batch, BatchState, TransferEngine
 from pdc.runtime.engines.local import LocalDeviceEngine, _page_ids, page_copies
 from pdc.runtime.indices import DecodeTarget, PrefillChunk, check_capacity, contiguous_runs
 
-HARNESS = Path("/work/shared/peers/sglang-descriptors/peer_sglang_descriptors.py")
+# The peer harness lives beside the repository, in the shared folder (never an absolute path).
+HARNESS = (Path(__file__).resolve().parents[1].parent / "shared" / "peers"
+           / "sglang-descriptors" / "peer_sglang_descriptors.py")
 SGLANG_POOL_PAGES = 65536  # the harness draws fragmented pages from a pool this size
 CAPACITY = 1 << 17  # pdc's fake pools: room for 64K contiguous pages past an offset
 
@@ -385,17 +388,18 @@ def sglang_rows(args, notes):
     py = args.sglang_python or os.environ.get("PDC_SGLANG_PYTHON", "")
     if not py:
         notes.append("SGLang baseline skipped: no --sglang-python (set it up with "
-                     "/work/shared/peers/sglang-descriptors/peer_sglang_setup.sh VENV)")
+                     "../shared/peers/sglang-descriptors/peer_sglang_setup.sh VENV)")
         return None, None
-    if not Path(py).exists() or not HARNESS.exists():
-        notes.append(f"SGLang baseline skipped: {py} or {HARNESS} is missing")
+    harness = Path(args.sglang_harness)
+    if not Path(py).exists() or not harness.exists():
+        notes.append(f"SGLang baseline skipped: {py} or {harness} is missing")
         return None, None
     cfg = {"tokens": args.tokens, "pages": [16, 1], "min_time": args.min_time,
            "heavy_s": 1.0, "slice": 8192 in args.tokens and not args.small}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "sg.json"
         proc = subprocess.run([py, str(Path(__file__).with_name("_sglang_peer.py")),
-                               str(HARNESS), str(out), json.dumps(cfg)],
+                               str(harness), str(out), json.dumps(cfg)],
                               capture_output=True, text=True)
         if proc.returncode != 0:
             notes.append(f"SGLang baseline failed (exit {proc.returncode}): "
@@ -462,6 +466,9 @@ def main() -> int:
     ap.add_argument("--heavy-reps", type=int, default=3)
     ap.add_argument("--sglang-python", default=None,
                     help="python of SGLang's scratch venv (peer_sglang_setup.sh); else skipped")
+    ap.add_argument("--sglang-harness", default=str(HARNESS),
+                    help="peer_sglang_descriptors.py (default: ../shared/peers/"
+                    "sglang-descriptors/ beside the repository)")
     ap.add_argument("--real", action="store_true",
                     help="also time real staged/direct submits on cuda:0 -> cuda:1")
     ap.add_argument("--real-reps", type=int, default=20)
