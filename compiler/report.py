@@ -72,31 +72,67 @@ def plan_report(layout: FamilyLayout, plan: Plan, tokens: int, coverage: list) -
     }
 
 
-def render_table(report: dict) -> str:
-    head = (f"{report['family']}: {report['topology']}\n"
-            f"request of {report['tokens']} tokens = {report['pages']} pages\n\n")
+TABLE_COLUMNS = 100  # the plain table fits a 100-column terminal or log
+
+
+def table_rows(report: dict) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+    """The per-link table as columns and rows of text (for the plain and the rich table)."""
     cols = ("link", "entries", "MiB/request", "desc contig", "desc frag", "staged frag",
-            "elected writer of")
+            "elected")
     rows = []
     for lk in report["links"]:
         d = lk["descriptors"]
         rows.append((f"{lk['prefill']} -> {lk['decode']}", str(lk["entries"]),
-                     f"{lk['bytes'] / 2**20:.2f}", str(d["direct_contiguous"]),
-                     str(d["direct_fragmented"]), str(d["staged_fragmented"]),
-                     ", ".join(lk["elected_for"]) or "-"))
-    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
-    line = "  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True))
-    body = [line, "  ".join("-" * w for w in widths)]
-    body += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in rows]
+                     f"{lk['bytes'] / 2**20:.2f}", f"{d['direct_contiguous']:,}",
+                     f"{d['direct_fragmented']:,}", f"{d['staged_fragmented']:,}",
+                     str(len(lk["elected_for"])) if lk["elected_for"] else "-"))
+    return cols, rows
+
+
+def report_head(report: dict) -> list[str]:
+    head = f"{report['family']}: {report['topology']}"
+    if len(head) > TABLE_COLUMNS:  # break before "-> decode"
+        first, arrow, rest = head.partition(" -> ")
+        head = f"{first}\n  {arrow.strip()} {rest}"
+    return [head, f"request of {report['tokens']} tokens = {report['pages']} pages"]
+
+
+def report_tail(report: dict) -> list[str]:
+    """Elected writers (wrapped to TABLE_COLUMNS), totals, responses and the coverage verdict."""
+    import textwrap
+
+    out = []
+    elected = [lk for lk in report["links"] if lk["elected_for"]]
+    if elected:
+        out.append("elected writer of (replicated state, one writer per decode rank):")
+        for lk in elected:
+            out += textwrap.wrap(", ".join(lk["elected_for"]), TABLE_COLUMNS,
+                                 initial_indent=f"  {lk['prefill']} -> {lk['decode']}: ",
+                                 subsequent_indent="      ")
     total = sum(lk["bytes"] for lk in report["links"])
-    tail = [f"\ntotal {total / 2**20:.2f} MiB per request over {len(rows)} links",
-            "responses expected per decode rank: " + ", ".join(
-                f"{k}: {v}" for k, v in report["responses_expected"].items())]
+    out.append(f"total {total / 2**20:.2f} MiB per request over {len(report['links'])} links")
+    out += textwrap.wrap("responses expected per decode rank: " + ", ".join(
+        f"{k}: {v}" for k, v in report["responses_expected"].items()), TABLE_COLUMNS,
+        subsequent_indent="  ")
     cov = report["coverage"]
-    tail.append("coverage: proven (every decode byte written exactly once, with the "
-                "aggregate's byte)" if cov == "proven" else "coverage: FAILED\n  "
-                + "\n  ".join(cov))
-    return head + "\n".join(body) + "\n".join(["", *tail]) + "\n"
+    out.append("coverage: proven (every decode byte written exactly once, with the "
+               "aggregate's byte)" if cov == "proven" else "coverage: FAILED\n  "
+               + "\n  ".join(cov))
+    return out
+
+
+def render_table(report: dict) -> str:
+    """The plan as plain text, every line within TABLE_COLUMNS (the topology line aside)."""
+    cols, rows = table_rows(report)
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
+    right = {1, 2, 3, 4, 5}
+
+    def line(values) -> str:
+        return "  ".join(v.rjust(w) if i in right else v.ljust(w)
+                         for i, (v, w) in enumerate(zip(values, widths, strict=True))).rstrip()
+
+    body = [line(cols), "  ".join("-" * w for w in widths)] + [line(r) for r in rows]
+    return "\n".join([*report_head(report), "", *body, "", *report_tail(report)]) + "\n"
 
 
 def render_json(report: dict, plan: Plan) -> str:
