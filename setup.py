@@ -9,7 +9,8 @@ from pathlib import Path
 
 from setuptools import find_packages, setup
 
-ROOTS = {"pdc": "pdc", "pdc.compiler": "compiler", "pdc.runtime": "runtime", "pdc.generated": "generated"}
+ROOTS = {"pdc": "pdc", "pdc.compiler": "compiler", "pdc.runtime": "runtime", "pdc.generated": "generated",
+         "pdc.integrations": "integrations"}
 
 packages, package_dir = [], {}
 for name, folder in ROOTS.items():

@@ -276,6 +276,55 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 @command(
+    "vllm-demo",
+    arg("--spec", default="specs/vllm-llama.yaml", metavar="SPEC",
+        help="family spec in vLLM's cache layout (default: specs/vllm-llama.yaml)"),
+    arg("--prompts", type=int, default=16, metavar="N", help="prompts to run (default: 16)"),
+    arg("--tokens", type=int, default=16, metavar="N",
+        help="tokens to generate per prompt (default: 16)"),
+    arg("--engine", default="mooncake", choices=["mooncake", "nixl"],
+        help="transfer engine (default: mooncake over loopback TCP)"),
+    arg("--seed", type=int, default=0, help="seed of the prompts"),
+    arg("--keep", action="store_true", help="keep the model and the engines' logs"),
+)
+def cmd_vllm_demo(args: argparse.Namespace) -> int:
+    """Run prefill and decode as two real vLLM engines with pdc's KV connector between them.
+
+    Makes a tiny random-weight Llama whose cache matches SPEC, starts one vLLM engine alone
+    for the reference, then a prefill and a decode engine (separate processes, PdcConnector
+    as kv_producer and kv_consumer), sends every prompt through a minimal PD proxy and
+    compares each generated token with the reference. Needs the vLLM environment
+    (scripts/install-vllm.sh). Exits 0 only when every prompt is token-identical.
+    """
+    from rich.console import Console
+
+    from .vllm_demo import run_demo
+
+    if args.prompts < 1 or args.tokens < 1:
+        print("pdc vllm-demo: error: --prompts and --tokens must be at least 1", file=sys.stderr)
+        return 2
+    family = _spec_family(args.spec, "vllm-demo")
+    if family is None:
+        return 2
+    return run_demo(family, args.engine, args.prompts, args.tokens, args.seed, Console(),
+                    keep=args.keep)
+
+
+def _spec_family(path: str, cmd: str) -> str | None:
+    from pdc.compiler.diagnostics import SpecErrors
+    from pdc.compiler.frontend import load_spec
+
+    try:
+        return load_spec(path).family
+    except SpecErrors as e:
+        _err(str(e))
+        return None
+    except OSError as e:
+        print(f"pdc {cmd}: error: cannot read {path}: {e.strerror}", file=sys.stderr)
+        return None
+
+
+@command(
     "demo",
     arg("spec", nargs="?", default=None, metavar="SPEC",
         help="family spec (default: specs/qwen38.yaml)"),

@@ -1,0 +1,37 @@
+"""What the scheduler-side connector tells the worker-side connector each step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+
+
+@dataclass(frozen=True)
+class SendReq:
+    """Prefill: the request's prompt is complete after this step's forward; send its blocks."""
+
+    req_id: str
+    room: int
+    block_ids: tuple[int, ...]  # every block of the prompt, absolute positions 0..
+    seq_len: int  # prompt tokens
+
+
+@dataclass(frozen=True)
+class RecvReq:
+    """Decode: load the prompt into these blocks; the first `prefix_tokens` are cached here."""
+
+    req_id: str
+    room: int
+    block_ids: tuple[int, ...]  # every block of the prompt, absolute positions 0..
+    prefix_tokens: int  # decode's own prefix-cache hit: prefill sends nothing for them
+    bootstrap: str  # the prefill engine's bootstrap service
+    prefill_tp: int
+
+
+@dataclass
+class PdcConnectorMetadata(KVConnectorMetadata):
+    bootstrap: str = ""  # prefill: this engine's bootstrap service
+    send: list[SendReq] = field(default_factory=list)
+    recv: list[RecvReq] = field(default_factory=list)
+    abort: list[str] = field(default_factory=list)  # requests whose transfer must end now

@@ -1,0 +1,158 @@
+"""Scheduler side of PdcConnector: which requests move, and when their blocks may be freed.
+
+The request flow is the one vLLM's own PD connectors use, so proxies and routers built for
+them work unchanged (Note [PD request flow]):
+
+1. The proxy sends the prompt to prefill with `max_tokens=1` and `kv_transfer_params =
+   {"do_remote_decode": true}`. When the step that completes the prompt is scheduled, the
+   worker gets a SendReq: it opens the request's room and queues its blocks as a streaming
+   chunk, so each layer's writes may leave as soon as `save_kv_layer` reports the layer.
+2. Prefill finishes the request. `request_finished` keeps its blocks (delay-free) and returns
+   the params decode needs: the room, this engine's bootstrap address and TP, the shape
+   vLLM's NixlConnector returns (`do_remote_prefill`, `remote_engine_id`, ...).
+3. The proxy sends the request to decode with those params. `get_num_new_matched_tokens`
+   reports every prompt token decode does not hold as loaded asynchronously; the request waits
+   in WAITING_FOR_REMOTE_KVS while the worker's receiver tells prefill the decode blocks and
+   the prefix decode already has (those blocks are not sent).
+4. Both workers report the request in `get_finished` once pdc says the transfer is over
+   (Success, or Failed and drained): prefill frees its blocks, decode schedules the request,
+   or reports the blocks through `get_block_ids_with_load_errors` when the load failed.
+
+Aborts: a request that finishes in any other way while it has a live transfer (the client
+went away on either side) keeps its blocks, the worker aborts the transfer, and the blocks
+are freed only once pdc's drain-ack says no write for them is in flight.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from pdc.runtime.control import BootstrapServer
+from vllm.v1.request import RequestStatus
+
+from .metadata import PdcConnectorMetadata, RecvReq, SendReq
+from .settings import PdcSettings
+
+_DONE = (RequestStatus.FINISHED_LENGTH_CAPPED, RequestStatus.FINISHED_STOPPED)
+
+
+def room_of(request_id: str) -> int:
+    """A room id for a vLLM request id: 63 bits of its hash (REG_ROOM stays free)."""
+    digest = hashlib.blake2b(request_id.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+class PdcScheduler:
+    def __init__(self, settings: PdcSettings, vllm_config, engine_id: str):
+        self.settings = settings
+        self.engine_id = engine_id
+        self.block_size = vllm_config.cache_config.block_size
+        par = vllm_config.parallel_config
+        self.tp = par.tensor_parallel_size
+        self.bootstrap = ""
+        self._server = None
+        if settings.is_prefill:
+            # The prefill engine's bootstrap service lives with its scheduler: one per engine,
+            # up before any worker, and its address travels to decode in kv_transfer_params.
+            self._server = BootstrapServer(self.tp * par.pipeline_parallel_size)
+            self.bootstrap = self._server.address
+        self._kv_manager = None
+        self._watch: dict[str, Any] = {}  # prefill: do_remote_decode requests not yet sent
+        self._sending: set[str] = set()  # prefill: requests the worker has a sender for
+        self._recv: dict[str, RecvReq] = {}  # decode: loads to start this step
+        self._loading: set[str] = set()  # decode: requests whose load the worker started
+        self._send_now: list[SendReq] = []
+        self._abort: list[str] = []
+
+    def bind(self, kv_manager) -> None:
+        self._kv_manager = kv_manager
+
+    # ~~~ decode ~~~
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
+        params = request.kv_transfer_params
+        if self.settings.is_prefill or not params or not params.get("do_remote_prefill"):
+            return 0, False
+        count = request.num_prompt_tokens - num_computed_tokens
+        return (count, True) if count > 0 else (0, False)
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
+        params = request.kv_transfer_params
+        if not params:
+            return
+        if self.settings.is_prefill:
+            if params.get("do_remote_decode"):
+                self._watch[request.request_id] = request
+            return
+        if not params.get("do_remote_prefill"):
+            return
+        params["do_remote_prefill"] = False  # one transfer per request
+        if num_external_tokens <= 0:
+            return
+        block_ids = tuple(blocks.get_block_ids()[0]) if self._kv_manager is None else tuple(
+            self._kv_manager.get_block_ids(request.request_id)[0])
+        self._recv[request.request_id] = RecvReq(
+            req_id=request.request_id, room=int(params["pdc_room"]), block_ids=block_ids,
+            prefix_tokens=request.num_prompt_tokens - num_external_tokens,
+            bootstrap=str(params["pdc_bootstrap"]), prefill_tp=int(params.get("tp_size", 1)))
+
+    # ~~~ both ~~~
+
+    def build_connector_meta(self, scheduler_output) -> PdcConnectorMetadata:
+        meta = PdcConnectorMetadata(bootstrap=self.bootstrap)
+        if self.settings.is_prefill:
+            for req_id, n in scheduler_output.num_scheduled_tokens.items():
+                request = self._watch.get(req_id)
+                if request is None or request.num_computed_tokens + n < request.num_prompt_tokens:
+                    continue  # not ours, or a chunk of a prompt that goes on next step
+                del self._watch[req_id]
+                blocks = self._kv_manager.get_block_ids(req_id)[0]
+                n_blocks = -(-request.num_prompt_tokens // self.block_size)
+                meta.send.append(SendReq(req_id, room_of(req_id), tuple(blocks[:n_blocks]),
+                                         request.num_prompt_tokens))
+                self._sending.add(req_id)
+        else:
+            meta.recv = list(self._recv.values())
+            self._loading.update(self._recv)
+            self._recv.clear()
+        meta.abort, self._abort = self._abort, []
+        return meta
+
+    def request_finished(self, request, block_ids) -> tuple[bool, dict | None]:
+        req_id = request.request_id
+        self._watch.pop(req_id, None)
+        if self.settings.is_prefill:
+            if req_id not in self._sending:
+                return False, None
+            self._sending.discard(req_id)
+            if request.status not in _DONE:
+                self._abort.append(req_id)  # aborted: the worker drains, then frees
+                return True, None
+            return True, {
+                "do_remote_prefill": True,
+                "do_remote_decode": False,
+                "remote_engine_id": self.engine_id,
+                "remote_request_id": req_id,
+                "remote_block_ids": list(block_ids),
+                "tp_size": self.tp,
+                "pdc_room": room_of(req_id),
+                "pdc_bootstrap": self.bootstrap,
+            }
+        if req_id in self._recv:
+            del self._recv[req_id]  # finished before its load started: nothing to undo
+            return False, None
+        if req_id in self._loading and request.status == RequestStatus.FINISHED_ABORTED:
+            self._loading.discard(req_id)
+            self._abort.append(req_id)
+            return True, None  # blocks stay until prefill acked the abort (drained)
+        self._loading.discard(req_id)
+        return False, None
+
+    def update_connector_output(self, connector_output) -> None:
+        for req_id in connector_output.finished_recving or ():
+            self._loading.discard(req_id)
+
+    def shutdown(self) -> None:
+        if self._server is not None:
+            self._server.close()

@@ -1,0 +1,251 @@
+"""Worker side of PdcConnector: vLLM's cache tensors registered in place, pdc endpoints.
+
+Note [vLLM cache layout]: vLLM's attention backends on CPU (and FlashAttention on GPU) keep
+one tensor per attention layer, [num_blocks, 2, block_size, kv_heads * head_dim]: block b is
+its K rows then its V rows, contiguous. The family spec describes that block as one item of
+a component with the single tensor `kv` (specs/vllm-llama.yaml), so a block moves as one
+descriptor and TP shards the heads inside both halves. `register_kv_caches` hands the
+tensors to pdc's EnginePools (Note [Engine-owned memory]) which checks them against the plan
+and refuses a mismatch naming the vLLM layer and the spec component.
+
+Per-layer streaming: a request whose prompt completes in this step is queued as a streaming
+chunk in `start_load_kv`, before the forward; `save_kv_layer` reports each layer to pdc
+(`layer_done`), whose transfer thread sends that layer's blocks while the forward goes on;
+`wait_for_save` reports the forward done. On a GPU the layer's KV is only queued when the hook
+runs, so the hook records a CUDA event and pdc waits for it off the forward's thread.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+import time
+from collections import OrderedDict
+
+import torch
+from pdc.runtime import knobs
+from pdc.runtime.endpoints import DecodeEndpoint, KVPoll, PageState, PrefillEndpoint
+from pdc.runtime.engines import make_engine
+from pdc.runtime.plan_types import RankId
+from pdc.runtime.pools import EnginePools, RegistrationMismatch
+from vllm.model_executor.models.utils import extract_layer_index
+
+from .metadata import PdcConnectorMetadata, RecvReq
+from .plans import make_plan
+from .settings import PdcSettings
+from .stats import PdcConnectorStats
+
+LOG = logging.getLogger("pdc.vllm")
+_TERMINAL = (KVPoll.Success, KVPoll.Failed)
+
+# What each finished request moved, by vLLM request id, for a driver that runs the engine in
+# its own process (pdc.vllm_engine reports it with the request's output). Bounded.
+TRANSFERS: OrderedDict[str, dict] = OrderedDict()
+_MAX_TRANSFERS = 4096
+
+
+def _note(req_id: str, **info) -> None:
+    TRANSFERS[req_id] = info
+    while len(TRANSFERS) > _MAX_TRANSFERS:
+        TRANSFERS.popitem(last=False)
+
+
+class PdcWorker:
+    def __init__(self, settings: PdcSettings, vllm_config):
+        if settings.knobs:
+            knobs.override(**settings.knobs)
+        self.settings = settings
+        self.layout = importlib.import_module(f"pdc.generated.{settings.py_name}.layout").LAYOUT
+        self.wire = importlib.import_module(f"pdc.generated.{settings.py_name}.wire")
+        self.block_size = vllm_config.cache_config.block_size
+        par = vllm_config.parallel_config
+        self.tp = par.tensor_parallel_size
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+        self.rank = RankId(0, get_tensor_model_parallel_rank() if self.tp > 1 else 0)
+        self.engine = None
+        self.tensors: dict = {}
+        self.prefill_ep: PrefillEndpoint | None = None
+        self.decode_ep: DecodeEndpoint | None = None
+        self.decode_bootstrap = ""
+        self.senders: dict[str, object] = {}  # req_id -> PrefillSender
+        self.aborting: set[str] = set()
+        self.receivers: dict[str, tuple] = {}  # req_id -> (receiver, RecvReq, t0)
+        self.load_errors: set[int] = set()
+        self.sched_finished: set[str] = set()
+        self.stats = PdcConnectorStats()
+        self._streaming = False
+        self._lock = threading.Lock()
+
+    # ~~~ registration ~~~
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        comps = [c for c in self.layout.components if c.index == "page"]
+        if len(self.layout.components) != 1 or len(comps) != 1 or comps[0].tensors != ("kv",):
+            raise RegistrationMismatch(
+                f"{self.layout.spec_path}: error: family {self.layout.family!r} does not "
+                f"describe vLLM's cache layout\n  hint: vLLM keeps one [blocks, 2, block_size, "
+                f"heads * head_dim] tensor per layer: give the family one page component with "
+                f"the single tensor 'kv' (Note [vLLM cache layout])")
+        comp = comps[0]
+        self.names = {}
+        for name, t in kv_caches.items():
+            layer = extract_layer_index(name)
+            self.tensors[(comp.name, "kv", layer)] = t
+            self.names[layer] = name
+        self.engine = make_engine(self.settings.engine)
+        peer = self.settings.peer_tp or self.tp
+        prefill_tp, decode_tp = (self.tp, peer) if self.settings.is_prefill else (peer, self.tp)
+        self.pools = self._pools(make_plan(self.layout, prefill_tp, decode_tp,
+                                           self.settings.engine))
+
+    def _pools(self, plan) -> EnginePools:
+        side = "prefill" if self.settings.is_prefill else "decode"
+        return EnginePools(self.layout, plan.registration(side, self.rank), self.tp,
+                           self.tensors, label=lambda key: f"vLLM layer {self.names[key[2]]!r} "
+                                                           f"cache")
+
+    # ~~~ per step ~~~
+
+    def start_load_kv(self, meta: PdcConnectorMetadata) -> None:
+        if self.settings.is_prefill:
+            if self.prefill_ep is None and meta.bootstrap:
+                plan = make_plan(self.layout, self.tp, self.settings.peer_tp or self.tp,
+                                 self.settings.engine)
+                self.prefill_ep = PrefillEndpoint(self.layout, self.wire, plan, self.rank, 0,
+                                                  self.engine, self.pools, meta.bootstrap)
+            for s in meta.send:
+                sender = self.prefill_ep.sender(s.room)
+                sender.send(list(s.block_ids), 0, True, s.seq_len, stream=True)
+                self.senders[s.req_id] = sender
+                self._streaming = True
+            for req_id in meta.abort:
+                if req_id in self.senders:
+                    self.senders[req_id].abort()
+                    self.aborting.add(req_id)
+            return
+        for r in meta.recv:
+            self._start_recv(r)
+        for req_id in meta.abort:
+            entry = self.receivers.get(req_id)
+            if entry is not None:
+                entry[0].abort(wait=False)
+                self.aborting.add(req_id)
+
+    def _start_recv(self, r: RecvReq) -> None:
+        try:
+            ep = self._decode_endpoint(r)
+            rv = ep.receiver(r.room)
+            rv.init(list(r.block_ids), r.prefix_tokens)
+        except Exception as e:  # noqa: BLE001 - a request that cannot start fails alone
+            LOG.error("pdc: request %s cannot load from %s: %s", r.req_id, r.bootstrap, e)
+            self._load_failed(r)
+            self.receivers[r.req_id] = (None, r, time.monotonic())
+            return
+        self.receivers[r.req_id] = (rv, r, time.monotonic())
+
+    def _decode_endpoint(self, r: RecvReq) -> DecodeEndpoint:
+        if self.decode_ep is not None:
+            if r.bootstrap != self.decode_bootstrap:
+                raise ValueError(f"this decode engine is linked to the prefill engine at "
+                                 f"{self.decode_bootstrap}; one pdc decode engine serves one "
+                                 f"prefill engine (got {r.bootstrap})")
+            return self.decode_ep
+        plan = make_plan(self.layout, r.prefill_tp, self.tp, self.settings.engine)
+        pools = self._pools(plan) if r.prefill_tp != (self.settings.peer_tp or self.tp) else \
+            self.pools
+        ep = DecodeEndpoint(self.layout, self.wire, plan, self.rank, 0, self.engine, pools,
+                            r.bootstrap)
+        ep.wait_ready(knobs.get("bootstrap_timeout_s"))
+        self.decode_ep, self.decode_bootstrap = ep, r.bootstrap
+        return ep
+
+    def _load_failed(self, r: RecvReq) -> None:
+        # Blocks past decode's own prefix were not (all) written: vLLM recomputes or fails
+        # them, by its kv_load_failure_policy; never decodes from them.
+        first = r.prefix_tokens // self.block_size
+        self.load_errors.update(r.block_ids[first:])
+        self.stats.failed()
+
+    def save_kv_layer(self, layer_name: str) -> None:
+        if self._streaming and self.prefill_ep is not None:
+            self.prefill_ep.layer_done(extract_layer_index(layer_name))
+
+    def wait_for_save(self) -> None:
+        if self._streaming and self.prefill_ep is not None:
+            self.prefill_ep.forward_done()
+        self._streaming = False
+
+    def get_finished(self, finished_req_ids: set[str]):
+        self.sched_finished |= finished_req_ids
+        if self.settings.is_prefill:
+            sending = set()
+            for req_id, sender in list(self.senders.items()):
+                if req_id not in self.sched_finished:
+                    continue
+                state = sender.poll()
+                if state not in _TERMINAL:
+                    continue
+                del self.senders[req_id]
+                self.sched_finished.discard(req_id)
+                self.aborting.discard(req_id)
+                st = sender.stats
+                _note(req_id, ok=state == KVPoll.Success, bytes=st.bytes,
+                      descriptors=st.descriptors, reason=sender.reason)
+                if state == KVPoll.Success:
+                    self.stats.record(st.bytes, st.descriptors, st.batches, st.t_init, st.t_done)
+                elif req_id not in self.aborting:
+                    LOG.warning("pdc: request %s: transfer failed: %s", req_id, sender.reason)
+                    self.stats.failed()
+                sending.add(req_id)
+            return sending or None, None
+        recving, freed = set(), set()
+        for req_id, (rv, r, t0) in list(self.receivers.items()):
+            if rv is None:
+                del self.receivers[req_id]
+                recving.add(req_id)
+                _note(req_id, ok=False, bytes=0, reason="the load could not start")
+                continue
+            state = rv.poll()
+            if state not in _TERMINAL:
+                continue
+            if state == KVPoll.Failed and rv.page_state == PageState.PENDING:
+                continue  # a prefill rank may still write: blocks stay until it acked
+            _note(req_id, ok=state == KVPoll.Success, bytes=rv.bytes, reason=rv.reason,
+                  prefix_tokens=r.prefix_tokens, aborted=req_id in self.aborting)
+            if req_id in self.aborting:
+                if req_id not in self.sched_finished:
+                    continue
+                self.aborting.discard(req_id)
+                self.sched_finished.discard(req_id)
+                freed.add(req_id)
+            elif state == KVPoll.Success:
+                self.stats.record(rv.bytes, 0, 0, t0, time.monotonic())
+                recving.add(req_id)
+            else:
+                LOG.error("pdc: request %s: load failed: %s", req_id, rv.reason)
+                self._load_failed(r)
+                recving.add(req_id)
+            if rv.page_state == PageState.QUARANTINED:
+                LOG.error("pdc: request %s: blocks %s quarantined (a prefill rank never "
+                          "acked the abort); vLLM will reuse them", req_id, list(r.block_ids))
+            rv.release()
+            del self.receivers[req_id]
+        self.sched_finished -= recving
+        return freed or None, recving or None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        out, self.load_errors = self.load_errors, set()
+        return out
+
+    def take_stats(self) -> PdcConnectorStats | None:
+        if self.stats.is_empty():
+            return None
+        out, self.stats = self.stats, PdcConnectorStats()
+        return out
+
+    def shutdown(self) -> None:
+        for ep in (self.prefill_ep, self.decode_ep):
+            if ep is not None:
+                ep.close()

@@ -1,0 +1,304 @@
+"""`pdc vllm-demo`: prefill and decode as two real vLLM engines with PdcConnector between them.
+
+The parent process is a minimal PD proxy (Note [PD request flow] in
+integrations/vllm/scheduler.py): each prompt goes to the prefill engine with `max_tokens=1`
+and `{"do_remote_decode": true}`, then to the decode engine with the `kv_transfer_params`
+prefill returned. A third engine, alone, gives the reference: every token decode generates
+must equal its greedy output. Engines are separate processes of the vLLM environment
+(pdc.vllm_engine), serving a tiny random-weight Llama made at run time whose cache matches
+the family's layout.
+
+Note [Engine threads]: on a small CPU box two engines share the cores. vLLM reserves a core
+for a connector and falls back to fewer OpenMP threads, and torch's results depend on the
+thread count, so every engine is pinned to one core (VLLM_CPU_OMP_THREADS_BIND): the
+reference on the core decode uses, prefill on another. Then PD and the single engine compute
+with the same thread count and agree token for token.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .vllm_env import HINT, vllm_python
+
+START_TIMEOUT_S = 300.0
+REQUEST_TIMEOUT_S = 120.0
+
+
+class DemoError(RuntimeError):
+    pass
+
+
+def engine_env(core: int) -> dict:
+    env = dict(os.environ)
+    env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_OMP_THREADS_BIND=str(core),
+               VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOGGING_LEVEL="WARNING",
+               MC_LOG_LEVEL="ERROR", NIXL_LOG_LEVEL="WARN", UCX_NET_DEVICES="lo",
+               UCX_TLS="tcp", UCX_LOG_FILE="stderr", UCX_MODULES="^efa",
+               TOKENIZERS_PARALLELISM="false")
+    return env
+
+
+class Engine:
+    """One pdc.vllm_engine process and a DEALER socket to it."""
+
+    def __init__(self, python: str, workdir: Path, role: str, model: str, family: str,
+                 engine: str, core: int, block_size: int = 32, extra: dict | None = None,
+                 tp: int = 1):
+        import zmq
+
+        self.role = role
+        self.log_path = workdir / f"{role}.log"
+        self.port_file = workdir / f"{role}.port"
+        for f in (self.port_file, Path(f"{self.port_file}.err")):
+            f.unlink(missing_ok=True)
+        cmd = [python, "-m", "pdc.vllm_engine", "--model", model, "--role", role,
+               "--engine", engine, "--family", family, "--port-file", str(self.port_file),
+               "--block-size", str(block_size), "--tp", str(tp)]
+        if extra:
+            cmd += ["--extra", json.dumps(extra)]
+        self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(cmd, env=engine_env(core), stdout=self._log,
+                                     stderr=subprocess.STDOUT)
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.address = ""
+
+    def wait_up(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not self.port_file.exists():
+            if self.proc.poll() is not None:
+                raise DemoError(f"the {self.role} engine exited with {self.proc.returncode}: "
+                                f"{self.failure()}")
+            if time.monotonic() > deadline:
+                raise DemoError(f"the {self.role} engine did not start in {timeout_s:.0f} s "
+                                f"(log: {self.log_path})")
+            time.sleep(0.2)
+        self.address = self.port_file.read_text()
+        self.sock.connect(self.address)
+
+    def failure(self) -> str:
+        err = Path(f"{self.port_file}.err")
+        if err.exists():
+            return err.read_text()
+        tail = self.log_path.read_text(errors="replace").strip().splitlines()[-5:]
+        return "\n".join(tail)
+
+    def send(self, msg: dict) -> None:
+        self.sock.send(json.dumps(msg).encode())
+
+    def call(self, msg: dict, timeout_s: float = 30.0) -> dict:
+        self.send(msg)
+        return self.recv(timeout_s)
+
+    def recv(self, timeout_s: float) -> dict:
+        if not self.sock.poll(int(timeout_s * 1000)):
+            raise DemoError(f"the {self.role} engine did not answer in {timeout_s:.0f} s")
+        return json.loads(self.sock.recv())
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.call({"op": "stop"}, 10)
+                self.proc.wait(20)
+            except (DemoError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait(10)
+        self.sock.close(0)
+        self._log.close()
+
+
+def make_prompts(n: int, seed: int, vocab: int = 1000) -> list[list[int]]:
+    """n prompts of mixed lengths (1 to ~10 blocks, some not a multiple of the block); every
+    fourth repeats an earlier one, so decode serves it partly from its prefix cache."""
+    rng = random.Random(seed)
+    out: list[list[int]] = []
+    for i in range(n):
+        if i % 4 == 3 and out:
+            out.append(list(rng.choice(out)))
+        else:
+            length = rng.choice([17, 32, 45, 64, 100, 150, 200, 300])
+            out.append([rng.randrange(3, vocab) for _ in range(length)])
+    return out
+
+
+@dataclass
+class Outcome:
+    index: int
+    prompt_tokens: int
+    ref: list[int]
+    got: list[int] = field(default_factory=list)
+    transfer: dict | None = None
+    ttft_s: float = 0.0
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.error and self.got == self.ref and bool(self.transfer) and \
+            self.transfer.get("ok", False) and self.transfer.get("bytes", 0) > 0
+
+
+def run_pd(prefill: Engine, decode: Engine, prompts: list[list[int]], max_tokens: int,
+           on_done=None, concurrency: int = 4) -> tuple[list[list[int]], list[dict | None],
+                                                          list[float], list[str]]:
+    """Every prompt through prefill then decode, `concurrency` at once; repeats start after
+    the prompt they repeat finished (so decode holds its prefix)."""
+    n = len(prompts)
+    tokens: list[list[int]] = [[] for _ in range(n)]
+    transfers: list[dict | None] = [None] * n
+    ttft = [0.0] * n
+    errors = [""] * n
+    first_use = {}
+    after: dict[int, int] = {}
+    for i, p in enumerate(prompts):
+        key = tuple(p)
+        if key in first_use:
+            after[i] = first_use[key]
+        else:
+            first_use[key] = i
+    todo = list(range(n))
+    done: set[int] = set()
+    started: dict[int, float] = {}
+    sent: dict[int, float] = {}
+    in_flight = 0
+    deadline = time.monotonic() + REQUEST_TIMEOUT_S * max(1, n // concurrency + 1)
+    while len(done) < n:
+        for i in list(todo):
+            if in_flight >= concurrency:
+                break
+            if i in after and after[i] not in done:
+                continue
+            todo.remove(i)
+            started[i] = time.monotonic()
+            prefill.send({"op": "generate", "id": f"p{i}", "prompt": prompts[i],
+                          "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}})
+            in_flight += 1
+        if time.monotonic() > deadline:
+            raise DemoError(f"requests {sorted(set(range(n)) - done)} did not finish in time")
+        for eng in (prefill, decode):
+            if not eng.sock.poll(5):
+                continue
+            r = json.loads(eng.sock.recv())
+            i = int(r["id"][1:])
+            if eng is prefill:
+                params = r.get("kv_transfer_params")
+                if not params:
+                    errors[i] = "prefill returned no kv_transfer_params"
+                    done.add(i)
+                    in_flight -= 1
+                    continue
+                sent[i] = time.monotonic()
+                decode.send({"op": "generate", "id": f"d{i}", "prompt": prompts[i],
+                             "max_tokens": max_tokens, "kv_transfer_params": params})
+            else:
+                tokens[i] = r["tokens"]
+                transfers[i] = r.get("pdc")
+                # Time to first token as the client sees it: prefill, the hand-over, and
+                # decode until its first token (the one it samples after the transfer).
+                ttft[i] = sent[i] - started[i] + r["ttft_s"]
+                done.add(i)
+                in_flight -= 1
+                if on_done is not None:
+                    on_done(i)
+    return tokens, transfers, ttft, errors
+
+
+def run_single(engine: Engine, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    for i, p in enumerate(prompts):
+        engine.send({"op": "generate", "id": f"r{i}", "prompt": p, "max_tokens": max_tokens})
+    out: list[list[int]] = [[] for _ in prompts]
+    for _ in prompts:
+        r = engine.recv(REQUEST_TIMEOUT_S * 2)
+        out[int(r["id"][1:])] = r["tokens"]
+    return out
+
+
+def _pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return 0.0
+    ys = sorted(xs)
+    return ys[min(len(ys) - 1, int(round(q * (len(ys) - 1))))]
+
+
+def run_demo(family: str, engine_name: str, n_prompts: int, max_tokens: int, seed: int,
+             console, keep: bool = False) -> int:
+    from rich.progress import Progress
+    from rich.table import Table
+
+    python = vllm_python()
+    if python is None:
+        console.print(f"pdc vllm-demo: error: no vLLM environment\n  hint: {HINT}")
+        return 2
+    work = Path(tempfile.mkdtemp(prefix="pdc-vllm-demo-"))
+    engines: list[Engine] = []
+    try:
+        t0 = time.monotonic()
+        model = str(work / "model")
+        r = subprocess.run([python, "-m", "pdc.vllm_engine", "--make-model", model, family],
+                           capture_output=True, text=True, env=engine_env(0))
+        if r.returncode != 0:
+            raise DemoError(f"making the model failed: {r.stderr.strip()[-2000:]}")
+        prompts = make_prompts(n_prompts, seed)
+        console.print(f"model: random-weight Llama for family {family} ({work}/model); "
+                      f"{n_prompts} prompts of {min(map(len, prompts))}-"
+                      f"{max(map(len, prompts))} tokens, {max_tokens} tokens each; "
+                      f"engine {engine_name}")
+        with Progress(console=console, transient=True) as progress:
+            task = progress.add_task("reference: one vLLM engine", total=None)
+            ref_engine = Engine(python, work, "single", model, family, engine_name, core=1)
+            engines.append(ref_engine)
+            ref_engine.wait_up()
+            ref = run_single(ref_engine, prompts, max_tokens)
+            ref_engine.stop()
+            engines.remove(ref_engine)
+            progress.update(task, description="starting prefill and decode engines")
+            pre = Engine(python, work, "prefill", model, family, engine_name, core=0)
+            engines.append(pre)
+            pre.wait_up()
+            dec = Engine(python, work, "decode", model, family, engine_name, core=1)
+            engines.append(dec)
+            dec.wait_up()
+            progress.update(task, description="prompts through prefill -> decode",
+                            total=n_prompts, completed=0)
+            tokens, transfers, ttft, errors = run_pd(
+                pre, dec, prompts, max_tokens, on_done=lambda i: progress.advance(task))
+            free = pre.call({"op": "free_blocks"}), dec.call({"op": "free_blocks"})
+        outcomes = [Outcome(i, len(p), ref[i], tokens[i], transfers[i], ttft[i], errors[i])
+                    for i, p in enumerate(prompts)]
+        table = Table(title=f"pdc vllm-demo ({engine_name})")
+        for col in ("#", "prompt", "decode prefix", "bytes", "TTFT ms", "tokens"):
+            table.add_column(col, justify="right")
+        for o in outcomes:
+            t = o.transfer or {}
+            verdict = "[green]identical[/green]" if o.ok else (
+                f"[red]{o.error or t.get('reason') or 'differ'}[/red]")
+            table.add_row(str(o.index), str(o.prompt_tokens), str(t.get("prefix_tokens", "-")),
+                          f"{t.get('bytes', 0):,}", f"{o.ttft_s * 1e3:.0f}", verdict)
+        console.print(table)
+        ok = sum(o.ok for o in outcomes)
+        total_bytes = sum((o.transfer or {}).get("bytes", 0) for o in outcomes)
+        ttfts = [o.ttft_s * 1e3 for o in outcomes]
+        leaked = [f"{e.role} holds {f['requests']} requests"
+                  for e, f in zip((pre, dec), free, strict=True) if f["requests"]]
+        console.print(f"prompts ok: {ok}/{n_prompts}, failed: {n_prompts - ok}; "
+                      f"bytes moved: {total_bytes:,}; TTFT p50 {_pct(ttfts, 0.5):.0f} ms, "
+                      f"p99 {_pct(ttfts, 0.99):.0f} ms; "
+                      f"{'; '.join(leaked) or 'no request left on either engine'}; "
+                      f"{time.monotonic() - t0:.0f} s in all")
+        return 0 if ok == n_prompts and not leaked else 1
+    except DemoError as e:
+        console.print(f"pdc vllm-demo: error: {e}")
+        return 1
+    finally:
+        for e in engines:
+            e.stop()
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)

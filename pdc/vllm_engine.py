@@ -1,0 +1,170 @@
+"""One vLLM engine in its own process, driven over ZeroMQ by `pdc vllm-demo` and the tests.
+
+Run by the vLLM environment's python (Note [vLLM environment]):
+
+    python -m pdc.vllm_engine --model DIR --role prefill|decode|single --engine mooncake \
+        --family vllm-llama --port-file PATH [--block-size 32]
+
+It binds a ROUTER socket on a random loopback port, writes the address to --port-file, and
+serves JSON requests: {"op": "generate", "id", "prompt": [token ids], "max_tokens",
+"kv_transfer_params"}, {"op": "abort", "id"}, {"op": "free_blocks"}, {"op": "stop"}. Each
+finished request is answered with {"id", "tokens", "kv_transfer_params", "finish_reason",
+"ttft_s"}. The engine is vLLM's LLMEngine, stepped by this loop (no HTTP server, no
+tokenizer: prompts are token ids).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+
+def _engine(args):
+    from vllm import EngineArgs, LLMEngine
+    from vllm.config import KVTransferConfig
+
+    kv = None
+    if args.role != "single":
+        extra = {"family": args.family, "engine": args.engine}
+        if args.extra:
+            extra.update(json.loads(args.extra))
+        kv = KVTransferConfig(kv_connector="PdcConnector",
+                              kv_connector_module_path="pdc.integrations.vllm",
+                              kv_role="kv_producer" if args.role == "prefill" else "kv_consumer",
+                              kv_connector_extra_config=extra)
+    ea = EngineArgs(model=args.model, skip_tokenizer_init=True, enforce_eager=True,
+                    block_size=args.block_size, max_model_len=args.max_model_len,
+                    gpu_memory_utilization=0.1, enable_prefix_caching=True,
+                    tensor_parallel_size=args.tp, kv_transfer_config=kv, seed=0,
+                    max_num_seqs=16, disable_log_stats=True)
+    return LLMEngine.from_engine_args(ea)
+
+
+def make_model(out_dir: str, family: str, seed: int = 0) -> None:
+    """A random-weight Llama whose cache matches the family's layout, saved for vLLM."""
+    import importlib
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    layout = importlib.import_module(f"pdc.generated.{family.replace('-', '_')}.layout")
+    kv = layout.LAYOUT.components[0]
+    _, _, kv_heads, head_dim = kv.shape
+    heads = 2 * kv_heads
+    cfg = LlamaConfig(num_hidden_layers=layout.NUM_LAYERS, hidden_size=heads * head_dim,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads,
+                      head_dim=head_dim, intermediate_size=2 * heads * head_dim,
+                      vocab_size=1024, max_position_embeddings=2048,
+                      bos_token_id=1, eos_token_id=2, torch_dtype="bfloat16")
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.08)  # larger than the default init: greedy tokens vary
+    model.save_pretrained(out_dir)
+
+
+def _transfer_of(rid: str) -> dict | None:
+    """What pdc moved for the request (vLLM may suffix the ids it uses internally)."""
+    from pdc.integrations.vllm.worker import TRANSFERS
+
+    for key in list(TRANSFERS):
+        if key == rid or key.startswith(rid + "-"):
+            return TRANSFERS.pop(key)
+    return None
+
+
+def main(argv=None) -> int:
+    if argv is None and len(sys.argv) >= 2 and sys.argv[1] == "--make-model":
+        make_model(sys.argv[2], sys.argv[3])
+        return 0
+    ap = argparse.ArgumentParser(prog="pdc.vllm_engine")
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--role", choices=("prefill", "decode", "single"), required=True)
+    ap.add_argument("--engine", default="mooncake")
+    ap.add_argument("--family", default="vllm-llama")
+    ap.add_argument("--extra", default="", help="more kv_connector_extra_config, as JSON")
+    ap.add_argument("--block-size", type=int, default=32)
+    ap.add_argument("--max-model-len", type=int, default=1024)
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--port-file", required=True)
+    args = ap.parse_args(argv)
+
+    import zmq
+    from vllm import SamplingParams
+
+    try:
+        engine = _engine(args)
+    except Exception as e:  # noqa: BLE001 - the parent shows why the engine did not start
+        with open(args.port_file + ".err", "w") as f:
+            f.write(f"{type(e).__name__}: {e}")
+        raise
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.ROUTER)
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    tmp = args.port_file + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(f"tcp://127.0.0.1:{port}")
+    os.replace(tmp, args.port_file)
+
+    clients: dict[str, bytes] = {}
+    started: dict[str, float] = {}
+    first: dict[str, float] = {}
+    while True:
+        busy = engine.has_unfinished_requests() or \
+            engine.engine_core.engine_core.scheduler.has_requests()
+        if sock.poll(0 if busy else 50):
+            ident, raw = sock.recv_multipart()
+            msg = json.loads(raw)
+            op = msg.get("op")
+            if op == "stop":
+                sock.send_multipart([ident, b'{"ok": true}'])
+                break
+            if op == "generate":
+                rid = msg["id"]
+                extra = {"kv_transfer_params": msg["kv_transfer_params"]} \
+                    if msg.get("kv_transfer_params") else None
+                sp = SamplingParams(max_tokens=msg["max_tokens"], temperature=0.0,
+                                    ignore_eos=True, extra_args=extra)
+                clients[rid] = ident
+                started[rid] = time.monotonic()
+                engine.add_request(rid, {"prompt_token_ids": msg["prompt"]}, sp)
+            elif op == "abort":
+                engine.abort_request([msg["id"]])
+                ident_of = clients.pop(msg["id"], None)
+                if ident_of is not None:
+                    sock.send_multipart([ident_of, json.dumps(
+                        {"id": msg["id"], "aborted": True}).encode()])
+            elif op == "free_blocks":
+                sched = engine.engine_core.engine_core.scheduler
+                pool = sched.kv_cache_manager.block_pool
+                sock.send_multipart([ident, json.dumps(
+                    {"free": pool.get_num_free_blocks(), "total": pool.num_gpu_blocks,
+                     "requests": len(sched.requests)}).encode()])
+            continue
+        if not busy:
+            continue
+        for out in engine.step():
+            rid = out.request_id
+            if rid in started and rid not in first and out.outputs and \
+                    out.outputs[0].token_ids:
+                first[rid] = time.monotonic()
+            if not out.finished or rid not in clients:
+                continue
+            o = out.outputs[0]
+            reply = {"id": rid, "tokens": list(o.token_ids),
+                     "kv_transfer_params": out.kv_transfer_params,
+                     "finish_reason": o.finish_reason,
+                     "ttft_s": first.get(rid, time.monotonic()) - started.pop(rid)}
+            first.pop(rid, None)
+            reply["pdc"] = _transfer_of(rid)
+            sock.send_multipart([clients.pop(rid), json.dumps(reply).encode()])
+    sock.close(0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
