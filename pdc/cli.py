@@ -73,6 +73,44 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
+# ~~~ machine-readable output (Note [JSON output]) ~~~
+# Note [JSON output]: with --json a command prints exactly one JSON object on stdout, on
+# success and on failure alike: {"command", "ok", "exit", ...its result...,
+# "errors": [{"file", "line", "col", "message", "hint"}]}. A usage error, a spec error and a
+# failed run differ only in "exit" (2, 1, 1). Diagnostics still go to stderr as text.
+
+_JSON_ARG = arg("--json", action="store_true",
+                help="print one JSON object on stdout (errors included) instead of text")
+
+
+def diagnostic_json(d) -> dict:
+    return {"file": d.loc.file, "line": d.loc.line, "col": d.loc.col, "message": d.message,
+            "hint": d.hint}
+
+
+def _print_json(command: str, code: int, errors=(), **result) -> int:
+    import json
+
+    out = {"command": command, "ok": code == 0, "exit": code, **result,
+           "errors": [e if isinstance(e, dict) else diagnostic_json(e) for e in errors]}
+    sys.stdout.write(json.dumps(out, indent=1, sort_keys=True) + "\n")
+    return code
+
+
+def _usage_error(command: str, message: str, hint: str, as_json: bool) -> int:
+    """A wrong argument: exit status 2 (argparse's), as text on stderr or a JSON object."""
+    _err(f"pdc {command}: error: {message}", f"  hint: {hint}")
+    if as_json:
+        return _print_json(command, 2, [{"file": "<command line>", "line": 0, "col": 0,
+                                         "message": message, "hint": hint}])
+    return 2
+
+
+def _is_usage(diagnostics) -> bool:
+    """Diagnostics about a flag (`--prefill: error: ...`), not about a spec."""
+    return bool(diagnostics) and all(d.loc.file.startswith("--") for d in diagnostics)
+
+
 # ~~~ compiler subcommands ~~~
 
 _SPEC_ARG = arg("specs", nargs="*", metavar="SPEC",
@@ -101,7 +139,7 @@ def _report_errors(name: str, build, n_specs: int, suffix: str = "") -> None:
          f"{_plural(n_specs, 'spec')}{suffix}")
 
 
-@command("validate", _SPEC_ARG)
+@command("validate", _SPEC_ARG, _JSON_ARG)
 def cmd_validate(args: argparse.Namespace) -> int:
     """Check specs and report every error in them.
 
@@ -117,16 +155,20 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     paths = _spec_paths("validate", args.specs)
     if paths is None:
-        return 2
+        return _print_json("validate", 2) if args.json else 2
     b = build(paths)
+    specs = [str(p) for p in paths]
     if not b.ok:
         _report_errors("validate", b, len(paths))
-        return 1
+        return _print_json("validate", 1, b.diagnostics, specs=specs, failed=b.failed) \
+            if args.json else 1
+    if args.json:
+        return _print_json("validate", 0, specs=specs, failed=[])
     print(f"pdc validate: {_plural(len(paths), 'spec')} ok")
     return 0
 
 
-@command("compile", _SPEC_ARG, _OUT_ARG)
+@command("compile", _SPEC_ARG, _OUT_ARG, _JSON_ARG)
 def cmd_compile(args: argparse.Namespace) -> int:
     """Validate specs and write their generated modules.
 
@@ -146,11 +188,12 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     paths = _spec_paths("compile", args.specs)
     if paths is None:
-        return 2
+        return _print_json("compile", 2) if args.json else 2
     b = build(paths, deployments="prove")
     if not b.ok:
         _report_errors("compile", b, len(paths), "; nothing written")
-        return 1
+        return _print_json("compile", 1, b.diagnostics, failed=b.failed, written=[]) \
+            if args.json else 1
     out = args.out if args.out is not None else DEFAULT_OUT
     label = display_path(out)
     try:
@@ -158,7 +201,17 @@ def cmd_compile(args: argparse.Namespace) -> int:
         removed, kept = ([], []) if args.specs else b.output.remove_orphans(out)
     except OSError as e:
         _err(f"pdc compile: error: cannot write {e.filename or label}: {e.strerror or e}")
-        return 1
+        return _print_json("compile", 1, [{"file": str(e.filename or label), "line": 0,
+                                           "col": 0, "message": f"cannot write: {e.strerror}",
+                                           "hint": "check the output folder"}]) \
+            if args.json else 1
+    if args.json:
+        for p in kept:
+            _err(f"pdc compile: warning: {label}/{p} is produced by no spec and has no "
+                 "@generated header; delete it by hand")
+        return _print_json("compile", 0, written=[f"{label}/{p}" for p in changed],
+                           removed=[f"{label}/{p}" for p in removed],
+                           files=len(b.output), specs=len(b.specs))
     for p in changed:
         print(f"wrote {label}/{p}")
     for p in removed:
@@ -173,7 +226,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
-@command("check", _OUT_ARG)
+@command("check", _OUT_ARG, _JSON_ARG)
 def cmd_check(args: argparse.Namespace) -> int:
     """Fail if generated/ is not exactly what the specs compile to.
 
@@ -188,18 +241,28 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     paths = _spec_paths("check", [])
     if paths is None:
-        return 2
+        return _print_json("check", 2) if args.json else 2
     b = build(paths, deployments="skip")
     if not b.ok:
         _report_errors("check", b, len(paths))
-        return 1
+        return _print_json("check", 1, b.diagnostics, stale=[], orphans=[]) if args.json else 1
     out = args.out if args.out is not None else DEFAULT_OUT
     label = display_path(out)
     try:
         diff, stale, orphans = b.output.diff(out, label)
     except OSError as e:
         _err(f"pdc check: error: cannot read {e.filename or label}: {e.strerror or e}")
-        return 1
+        return _print_json("check", 1, [{"file": str(e.filename or label), "line": 0,
+                                         "col": 0, "message": f"cannot read: {e.strerror}",
+                                         "hint": "check the output folder"}]) \
+            if args.json else 1
+    if args.json:
+        if stale or orphans:
+            _err(f"pdc check: {label}/ is out of date; regenerate with: pdc compile")
+        return _print_json("check", 1 if stale or orphans else 0,
+                           stale=[f"{label}/{p}" for p in stale],
+                           orphans=[f"{label}/{p}" for p in orphans], files=len(b.output),
+                           specs=len(b.specs))
     if not stale and not orphans:
         print(f"pdc check: {label}/ is up to date ({_plural(len(b.specs), 'spec')}, "
               f"{_plural(len(b.output), 'file')})")
@@ -224,6 +287,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     arg("--tokens", type=int, default=8192, metavar="N",
         help="request length for the byte and descriptor counts (default: 8192)"),
     arg("--json", action="store_true", help="print the report and the whole plan as JSON"),
+    arg("--svg", metavar="FILE", type=Path, default=None,
+        help="also draw the plan as an SVG picture into FILE"),
+    arg("--png", metavar="FILE", type=Path, default=None,
+        help="also draw it as a PNG (needs rsvg-convert or the cairosvg package)"),
 )
 def cmd_plan(args: argparse.Namespace) -> int:
     """Lower a transfer plan for a topology, prove it and print it per link.
@@ -234,42 +301,95 @@ def cmd_plan(args: argparse.Namespace) -> int:
     An accepted plan goes through the coverage proof and is printed as a table per
     (prefill rank -> decode rank) link: entries, bytes of an N-token request, descriptors with
     contiguous and with fragmented pages and on the staged path, and the replicated
-    components the link writes as elected writer.
+    components the link writes as elected writer. --svg FILE (and --png FILE) draw it:
+    prefill and decode ranks by stage, links with bytes and descriptors, direct or staged,
+    elected writers and broadcasts.
 
-    Exit status: 0 for a proven plan, 1 for a rejected topology or a spec error.
+    Exit status: 0 for a proven plan, 1 for a rejected topology or a spec error, 2 for a
+    usage error (a malformed or out-of-range --prefill/--decode, --tokens < 1).
     """
     from pdc.compiler.coverage import prove
     from pdc.compiler.diagnostics import SpecErrors
     from pdc.compiler.driver import spec_display_path
     from pdc.compiler.family import plan_spec
-    from pdc.compiler.frontend import parse_spec_text
+    from pdc.compiler.frontend import parse_spec_text, read_spec_text
     from pdc.compiler.report import plan_report, render_json, render_table
     from pdc.compiler.topology import parse_side_arg
 
-    if args.tokens < 1:
-        _err("pdc plan: error: --tokens must be at least 1")
-        return 2
+    if args.tokens < 1 or args.tokens > 2**24:
+        return _usage_error("plan", f"--tokens is {args.tokens}", "give a request length "
+                            "from 1 to 16777216 tokens", args.json)
     name = spec_display_path(args.spec)
+    text, problem = read_spec_text(args.spec, name)
+    if problem is not None:
+        _err(problem.render(), "1 error")
+        return _print_json("plan", 1, [problem]) if args.json else 1
     try:
-        text = Path(args.spec).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        _err(f"{name}: error: cannot read spec: {getattr(e, 'strerror', None) or e}")
-        return 1
-    try:
-        side, errs = parse_side_arg(args.prefill, "--prefill")
+        errs = parse_side_arg(args.prefill, "--prefill")[1] + \
+            parse_side_arg(args.decode, "--decode")[1]
         if errs:
             raise SpecErrors(errs)
-        page = side.get("page_size")
+        page = parse_side_arg(args.prefill, "--prefill")[0].get("page_size")
         spec = parse_spec_text(text, name, {"page_size": page} if page else None)
         family, plan = plan_spec(spec, args.prefill, args.decode, args.backend)
     except SpecErrors as e:
         _err(str(e))
-        return 1
+        code = 2 if _is_usage(e.diagnostics) else 1
+        return _print_json("plan", code, e.diagnostics) if args.json else code
     layout = family.layout
     problems = prove(layout, plan)
     report = plan_report(layout, plan, args.tokens, problems)
+    code = 0 if not problems else 1
+    if args.svg is not None or args.png is not None:
+        drawn = _draw_plan(layout, plan, report, args.svg, args.png)
+        if drawn:
+            _err(f"pdc plan: error: {drawn}")
+            return _print_json("plan", 1, [{"file": "--svg/--png", "line": 0, "col": 0,
+                                            "message": drawn, "hint": ""}]) if args.json else 1
     sys.stdout.write(render_json(report, plan) if args.json else render_table(report))
-    return 0 if not problems else 1
+    return code
+
+
+def _draw_plan(layout, plan, report, svg: Path | None, png: Path | None) -> str:
+    """Write the drawing (compiler/drawing.py); the reason it could not be, or ""."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    from pdc.compiler.drawing import draw_plan, drawable
+
+    why = drawable(plan)
+    if why:
+        return f"cannot draw this plan: {why}"
+    text = draw_plan(layout, plan, report)
+    try:
+        if svg is not None:
+            svg.write_text(text, encoding="utf-8")
+            _err(f"pdc plan: drew {svg}")
+        if png is not None:
+            try:
+                import cairosvg  # optional: a maintained renderer from PyPI
+            except ImportError:
+                cairosvg = None
+            if cairosvg is not None:
+                cairosvg.svg2png(bytestring=text.encode(), write_to=str(png))
+            elif shutil.which("rsvg-convert"):
+                with tempfile.NamedTemporaryFile("w", suffix=".svg", delete=False) as f:
+                    f.write(text)
+                try:
+                    subprocess.run(["rsvg-convert", "-o", str(png), f.name], check=True,
+                                   capture_output=True, timeout=60)
+                finally:
+                    Path(f.name).unlink(missing_ok=True)
+            else:
+                return ("no PNG renderer: install rsvg-convert (apt install librsvg2-bin) or "
+                        "`pip install cairosvg`, or use --svg")
+            _err(f"pdc plan: drew {png}")
+    except OSError as e:
+        return f"cannot write {e.filename}: {e.strerror or e}"
+    except subprocess.CalledProcessError as e:
+        return f"rsvg-convert failed: {e.stderr.decode(errors='replace').strip()}"
+    return ""
 
 
 # ~~~ runtime subcommands ~~~
@@ -367,6 +487,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.requests < 1 or args.concurrency < 1:
         _err("pdc demo: error: --requests and --concurrency must be at least 1")
         return 2
+    bad = _demo_arg_problem(args)
+    if bad:
+        return _usage_error("demo", *bad, False)
     spec = args.spec or str(display_path(SPECS_DIR / "qwen38.yaml"))
     decode = args.decode
     if decode is None:
@@ -396,6 +519,68 @@ def cmd_demo(args: argparse.Namespace) -> int:
     finally:
         if metrics is not None:
             metrics.close()
+
+
+def _parity_arg_problem(args) -> tuple[str, str] | None:
+    """(message, hint) of the first argument `pdc parity` refuses, before any process."""
+    for flag, value, low, high in (("--tokens", args.tokens, 1, 4096),
+                                   ("--steps", args.steps, 1, 1000),
+                                   ("--chunk", args.chunk, 1, 4096),
+                                   ("--threads", args.threads, 1, 64)):
+        if not low <= value <= high:
+            return f"{flag} is {value}", f"give {flag} from {low} to {high}"
+    if not args.timeout > 0 or args.timeout > 3600:
+        return (f"--timeout {args.timeout} is not a deadline", "give seconds, more than 0 "
+                "and at most 3600")
+    n_p, e1 = _side_processes(args.prefill, "--prefill")
+    n_d, e2 = _side_processes(args.decode, "--decode")
+    if e1 or e2:
+        d = (e1 + e2)[0]
+        return f"{d.loc}: {d.message}", d.hint
+    if n_p + n_d > MAX_DEMO_PROCESSES:
+        return (f"--prefill and --decode need {n_p + n_d} rank processes, more than "
+                f"{MAX_DEMO_PROCESSES}", "use smaller tp or pp")
+    return None
+
+
+# Caps of `pdc demo` (Note [Spec limits]): each rank is a process on this machine.
+MAX_DEMO_PROCESSES = 64
+MAX_DEMO_REQUESTS = 100_000
+MAX_DEMO_CONCURRENCY = 256
+
+
+def _side_processes(text: str | None, flag: str) -> tuple[int, list]:
+    from pdc.compiler.topology import parse_side_arg
+
+    if text is None:
+        return 1, []
+    side, errors = parse_side_arg(text, flag)
+    if "stages" in side:
+        side.setdefault("pp", len(side["stages"]))
+    return side.get("tp", 1) * side.get("pp", 1) * side.get("dp", 1), errors
+
+
+def _demo_arg_problem(args) -> tuple[str, str] | None:
+    """(message, hint) of the first argument `pdc demo` refuses, before any process starts."""
+    if args.requests > MAX_DEMO_REQUESTS:
+        return (f"--requests {args.requests} is beyond the limit of {MAX_DEMO_REQUESTS}",
+                "run fewer requests per demo")
+    if args.concurrency > MAX_DEMO_CONCURRENCY:
+        return (f"--concurrency {args.concurrency} is beyond the limit of "
+                f"{MAX_DEMO_CONCURRENCY}", "run fewer requests at once")
+    if not args.timeout > 0 or args.timeout > 3600:
+        return (f"--timeout {args.timeout} is not a deadline", "give seconds, more than 0 "
+                "and at most 3600")
+    n_p, e1 = _side_processes(args.prefill, "--prefill")
+    n_d, e2 = _side_processes(args.decode, "--decode")
+    if e1 or e2:
+        d = (e1 + e2)[0]
+        return f"{d.loc}: {d.message}", d.hint
+    if n_p + n_d > MAX_DEMO_PROCESSES:
+        return (f"--prefill {args.prefill} and --decode {args.decode or 'tp=1'} need {n_p + n_d} "
+                f"rank processes, more than the {MAX_DEMO_PROCESSES} a demo starts",
+                "use smaller tp, pp or dp")
+    return None
 
 
 @command(
@@ -444,6 +629,9 @@ def cmd_parity(args: argparse.Namespace) -> int:
     if args.threads < 1:
         _err("pdc parity: error: --threads must be at least 1")
         return 2
+    bad = _parity_arg_problem(args)
+    if bad:
+        return _usage_error("parity", *bad, False)
     with ParityWorkers(threads=args.threads) as workers:
         return run_parity(args.specs, args.prefill, args.decode, args.engine, args.dtype,
                           workers=workers, tokens=args.tokens, chunk_tokens=args.chunk,

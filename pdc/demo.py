@@ -400,7 +400,10 @@ def _report(outcome, reqs, wall, out, summary: dict, transports: list[str]) -> i
                    gbps=nbytes / busy / 1e9 if busy else 0.0, wall_s=wall,
                    p50_ms=float(p50), p99_ms=float(p99), transports=transports)
     rows = [("requests ok", f"{ok}"), ("requests failed", f"{failed}"),
-            ("bytes moved", f"{nbytes / 2**20:.1f} MiB (every byte verified)"),
+            ("bytes moved", f"{nbytes / 2**20:.1f} MiB " + (
+                "(every byte verified)" if ok and not failed else
+                f"(every byte of the {ok} verified requests)" if ok else
+                "(nothing verified: no request succeeded)")),
             ("descriptors", f"{desc} in {batches} batches (staged path on {staged} of {links} "
                             "links)"),
             ("transfer GB/s", f"{nbytes / busy / 1e9:.3f} (bytes / summed first-submit-to-done "

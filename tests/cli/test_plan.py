@@ -53,7 +53,7 @@ def test_plan_json_holds_the_plan(capsys):
 
 def test_plan_bad_side_is_a_located_error(capsys):
     code, _, err = run(capsys, "plan", str(QWEN), "--prefill", "tp=four", "--decode", "tp=1")
-    assert code == 1
+    assert code == 2  # a usage error
     assert err.startswith("--prefill: error: tp in --prefill must be a positive integer, "
                           "got 'four'")
 
@@ -69,5 +69,5 @@ def test_plan_explicit_stages_from_the_command_line(capsys):
     assert dict((n, e) for n, e, _ in reg0["components"])["qsa_rope"] == []
     code, _, err = run(capsys, "plan", str(QWEN), "--prefill", "tp=2,stages=0-2/4-47",
                        "--decode", "tp=1")
-    assert code == 1
+    assert code == 2  # a flag's mistake is a usage error
     assert "--prefill stages must give pp lists that hold every real layer 0..47" in err
