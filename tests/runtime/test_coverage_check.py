@@ -62,3 +62,32 @@ def test_prefix_longer_than_the_prompt():
     with pytest.raises(IndexError_) as e:
         check_page_coverage([_chunk(0, 5, 18, True)], _target(5, prefix=20), PAGE)
     assert str(e.value) == "decode holds a prefix of 20 tokens but the prompt has only 18"
+
+
+def test_window_page_count_must_match_the_window():
+    from pdc.runtime.indices import window_pairs
+
+    # 18 tokens, window 8, page 4: pages 2..4 hold the last 8 tokens -> 3 window pages.
+    chunk = PrefillChunk(0, np.arange(5, dtype=np.int64), True, 18,
+                         window_page_ids=np.array([1, 2], np.int64))
+    target = DecodeTarget(np.arange(5, dtype=np.int64), 0,
+                          window_page_ids=np.array([5, 6, 7], np.int64))
+    with pytest.raises(IndexError_) as e:
+        window_pairs(chunk, target, 8, PAGE)
+    assert str(e.value) == "window needs 3 pages, prefill sent 2, decode holds 3"
+
+
+def test_ring_state_needs_a_ring_slot_on_both_sides():
+    from pdc.runtime.datapath import component_pairs
+
+    from ..compiler.planning import ROOT, spec_and_layout
+
+    _, layout = spec_and_layout(str(ROOT / "specs" / "qwen38.yaml"))
+    page = layout.default_page_size if hasattr(layout, "default_page_size") else 64
+    chunk = PrefillChunk(0, np.arange(1, dtype=np.int64), True, 10, slot=0, ring_slot=-1,
+                         aux_row=0)
+    target = DecodeTarget(np.arange(1, dtype=np.int64), 0, slot=0, ring_slot=2, aux_row=0)
+    with pytest.raises(IndexError_) as e:
+        component_pairs(layout, chunk, target, page)
+    assert str(e.value).startswith("component '")
+    assert "needs a ring slot on both sides (prefill -1, decode 2)" in str(e.value)
