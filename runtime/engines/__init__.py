@@ -23,6 +23,7 @@ ENGINES: dict[str, tuple[str, str]] = {
     "mooncake": (".mooncake", "MooncakeEngine"),
     "nixl": (".nixl", "NixlEngine"),
     "local": (".local", "LocalEngine"),
+    "cuda_ipc": (".cuda_ipc", "CudaIpcEngine"),
 }
 
 

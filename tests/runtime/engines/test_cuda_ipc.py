@@ -1,0 +1,287 @@
+"""The CUDA IPC engine (runtime/engines/cuda_ipc.py).
+
+On the CPU the engine runs with a driver of the test's own: allocations are memfd-backed host
+memory, "exporting" names the memfd and "opening" maps it a second time at another address, as
+cuIpcOpenMemHandle maps a peer's allocation. The peer engine lives in this process, its
+agent_info carrying the pid of a child process, so the writer takes the cross-process path
+(handles, translation into the second mapping, liveness checks) and the bytes it moves are
+real. The GPU tests at the end run two real processes on one CUDA device.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import multiprocessing as mp
+import os
+import subprocess
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import numpy as np
+import pytest
+import torch
+from pdc.runtime.engines import BatchState, DescriptorError, TransferError, make_engine
+from pdc.runtime.engines.cuda_ipc import MAPPINGS, CudaIpcEngine
+from pdc.runtime.engines.local import PageCopy, _start_time_ticks
+from pdc.runtime.plan_types import Segment
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_int, ctypes.c_long]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+PROT_RW, MAP_SHARED = 0x1 | 0x2, 0x01
+
+
+class MemfdDriver:
+    """Allocations in memfds; open() maps one again elsewhere, close() unmaps it."""
+
+    def __init__(self):
+        self.blocks: dict[int, tuple[int, int]] = {}  # base -> (fd, size)
+        self.maps: dict[int, int] = {}  # mapped address -> size
+        self.keep = []
+
+    def alloc(self, size: int) -> torch.Tensor:
+        fd = os.memfd_create("pdc-test")
+        os.ftruncate(fd, size)
+        base = _libc.mmap(None, size, PROT_RW, MAP_SHARED, fd, 0)
+        self.blocks[base] = (fd, size)
+        t = torch.frombuffer((ctypes.c_char * size).from_address(base), dtype=torch.uint8)
+        self.keep.append(t)
+        return t
+
+    def ensure_context(self, device_index):
+        pass
+
+    def allocation(self, ptr):
+        for base, (_, size) in self.blocks.items():
+            if base <= ptr < base + size:
+                return base, size
+        raise TransferError("fake driver: not an allocation")
+
+    def export(self, base):
+        return base.to_bytes(8, "little") + bytes(56)
+
+    def open(self, handle):
+        fd, size = self.blocks[int.from_bytes(handle[:8], "little")]
+        addr = _libc.mmap(None, size, PROT_RW, MAP_SHARED, fd, 0)
+        self.maps[addr] = size
+        return addr
+
+    def close(self, ptr):
+        _libc.munmap(ptr, self.maps.pop(ptr))
+
+
+@pytest.fixture
+def child():
+    p = subprocess.Popen(["sleep", "60"])
+    yield p
+    p.kill()
+    p.wait()
+
+
+def _as_other_process(info: bytes, proc) -> bytes:
+    d = json.loads(info)
+    d["pid"], d["start_ticks"] = proc.pid, _start_time_ticks(proc.pid)
+    return json.dumps(d).encode()
+
+
+def _setup(child, n=3, size=1 << 16, seed=0):
+    drv = MemfdDriver()
+    writer = CudaIpcEngine("cpu", driver=drv, copy_engine_bytes=8192)
+    peer = CudaIpcEngine("cpu", driver=drv)
+    g = torch.Generator().manual_seed(seed)
+    src = drv.alloc(size)
+    src.copy_(torch.randint(0, 256, (size,), dtype=torch.uint8, generator=g))
+    writer.register_tensor(src)
+    dst = []
+    for _ in range(n):
+        t = drv.alloc(size)
+        t.fill_(0xA5)
+        peer.register_tensor(t)
+        dst.append(t)
+    name = writer.connect(_as_other_process(peer.agent_info(), child))
+    return drv, writer, peer, name, src, dst
+
+
+def test_made_by_name_and_same_process_peers_keep_the_local_path():
+    a = make_engine("cuda_ipc", device="cpu")
+    b = make_engine("cuda_ipc", device="cpu")
+    x, y = torch.arange(256, dtype=torch.uint8), torch.zeros(256, dtype=torch.uint8)
+    a.register_tensor(x)
+    b.register_tensor(y)
+    peer = a.connect(b.agent_info())
+    assert peer.startswith("device:")
+    a.wait(a.submit_write(peer, [x.data_ptr()], [y.data_ptr()], [256]), 10)
+    assert torch.equal(x, y)
+    a.close()
+    b.close()
+
+
+def test_writes_small_and_large_descriptors_through_the_mapping(child):
+    drv, writer, peer, name, src, dst = _setup(child)
+    assert name.startswith(f"ipc:{child.pid}:")
+    s0 = src.data_ptr()
+    # two small pieces (kernel) and one 16 KiB piece (copy engine, threshold 8 KiB)
+    s = [s0 + 100, s0 + 4096, s0 + 20000]
+    d = [dst[0].data_ptr() + 7, dst[2].data_ptr() + 512, dst[1].data_ptr()]
+    n = [1000, 2048, 16384]
+    b = writer.submit_write(name, s, d, n)
+    assert writer.poll(b) is BatchState.DONE
+    expect = [t.clone().fill_(0xA5) for t in dst]
+    expect[0][7:1007] = src[100:1100]
+    expect[2][512:2560] = src[4096:6144]
+    expect[1][:16384] = src[20000:36384]
+    for got, want in zip(dst, expect, strict=True):
+        assert torch.equal(got, want)
+    # the bytes went through the second mapping, not the peer's own addresses
+    assert len(drv.maps) == 3
+    writer.close()
+    peer.close()
+
+
+def test_handles_opened_once_shared_and_closed_on_deregistration(child):
+    drv, writer, peer, name, src, dst = _setup(child)
+    opens, live = MAPPINGS.opens, MAPPINGS.live()
+    other = CudaIpcEngine("cpu", driver=drv)
+    other.register_tensor(drv.alloc(4096))
+    info = _as_other_process(peer.agent_info(), child)
+    other.connect(info)  # a second engine of this process: shares the three mappings
+    writer.connect(info)  # refreshing the same peer opens nothing new
+    assert (MAPPINGS.opens, MAPPINGS.live()) == (opens, live)
+    peer.deregister(dst[1].data_ptr())
+    info = _as_other_process(peer.agent_info(), child)
+    writer.connect(info)
+    other.connect(info)
+    assert MAPPINGS.live() == live - 1 and len(drv.maps) == 2
+    with pytest.raises(DescriptorError, match="is not inside memory ipc:"):
+        writer.submit_write(name, [src.data_ptr()], [dst[1].data_ptr()], [16])
+    other.close()
+    writer.close()
+    assert len(drv.maps) == 0
+    peer.close()
+
+
+def test_peer_death_fails_the_batch_and_closes_its_mappings(child):
+    drv, writer, peer, name, src, dst = _setup(child)
+    child.kill()
+    child.wait()
+    b = writer.submit_write(name, [src.data_ptr()], [dst[0].data_ptr()], [64])
+    assert (b.state, b.reason) == (BatchState.FAILED, "peer process has exited")
+    assert len(drv.maps) == 0
+    assert torch.all(dst[0] == 0xA5)
+    with pytest.raises(TransferError, match="unknown peer"):
+        writer.submit_write(name, [src.data_ptr()], [dst[0].data_ptr()], [64])
+    writer.close()
+    peer.close()
+
+
+def test_refusals(child):
+    drv, writer, peer, name, src, dst = _setup(child)
+    with pytest.raises(DescriptorError, match=r"^cuda_ipc: destination descriptor 0 "):
+        writer.submit_write(name, [src.data_ptr()], [dst[0].data_ptr() + (1 << 16) - 8], [16])
+    with pytest.raises(DescriptorError, match=r"^cuda_ipc: source descriptor 0 "):
+        writer.submit_write(name, [src.data_ptr() - 4096], [dst[0].data_ptr()], [16])
+    with pytest.raises(DescriptorError, match="agent_info is not a device-mode blob"):
+        writer.connect(b"{}")
+    info = json.loads(_as_other_process(peer.agent_info(), child))
+    bad = dict(info, ipc={})
+    with pytest.raises(DescriptorError, match="carries no valid IPC handle"):
+        writer.connect(json.dumps(bad).encode())
+    with pytest.raises(DescriptorError, match="another host"):
+        writer.connect(json.dumps(dict(info, boot_id="elsewhere")).encode())
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead = dict(info, pid=gone.pid)
+    with pytest.raises(TransferError, match=f"cuda_ipc: peer pid {gone.pid} has exited"):
+        writer.connect(json.dumps(dead).encode())
+    assert torch.all(dst[0] == 0xA5)
+    writer.close()
+    peer.close()
+
+
+def test_interior_region_is_translated_by_its_allocation_offset(child):
+    drv = MemfdDriver()
+    writer = CudaIpcEngine("cpu", driver=drv)
+    peer = CudaIpcEngine("cpu", driver=drv)
+    src = drv.alloc(4096)
+    src.copy_(torch.arange(4096) % 251)
+    writer.register_tensor(src)
+    block = drv.alloc(1 << 16)
+    block.zero_()
+    inner = block[8192:12288]
+    peer.register(inner.data_ptr(), 4096)
+    name = writer.connect(_as_other_process(peer.agent_info(), child))
+    writer.wait(writer.submit_write(name, [src.data_ptr()], [inner.data_ptr() + 16], [512]), 10)
+    assert torch.equal(block[8192 + 16:8192 + 528], src[:512])
+    assert int(block[:8192 + 16].sum()) == 0
+    writer.close()
+    peer.close()
+
+
+@pytest.mark.parametrize("path", ["push", "staged"])
+def test_page_plans_reach_the_peer_pools(child, path):
+    drv, writer, peer, name, src, dst = _setup(child, n=1, size=8 * 2048)
+    copies = [PageCopy(src.data_ptr(), dst[0].data_ptr(), 2048, 2048, 8, 8,
+                       Segment(256, 512, 1024))]
+    plan = writer.plan_pages(name, copies)
+    s_ids, d_ids = np.array([5, 0, 7]), np.array([1, 6, 3])
+    writer.wait(writer.submit_pages(plan, s_ids, d_ids, path=path), 30)
+    got, want = dst[0].view(8, 2048), src.view(8, 2048)
+    for s, d in zip(s_ids, d_ids, strict=True):
+        assert torch.equal(got[d, 512:1536], want[s, 256:1280])
+    assert int((got[[0, 2, 4, 5, 7]] != 0xA5).sum()) == 0
+    writer.close()
+    peer.close()
+
+
+# ~~~ GPU: two real processes on one device ~~~
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _gpu_peer(conn, size):
+    eng = CudaIpcEngine("cuda:0")
+    dst = torch.full((size,), 0xA5, dtype=torch.uint8, device="cuda:0")
+    eng.register_tensor(dst)
+    conn.send((eng.agent_info(), dst.data_ptr()))
+    conn.recv()
+    conn.send(dst.cpu().numpy().tobytes())
+    conn.recv()
+    eng.close()
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_two_processes_every_byte():
+    size = 64 << 20
+    ctx = mp.get_context("spawn")
+    a, b = ctx.Pipe()
+    p = ctx.Process(target=_gpu_peer, args=(b, size))
+    p.start()
+    try:
+        assert a.poll(120)
+        info, base = a.recv()
+        eng = CudaIpcEngine("cuda:0")
+        src = torch.randint(0, 256, (size,), dtype=torch.uint8, device="cuda:0")
+        eng.register_tensor(src)
+        name = eng.connect(info)
+        rng = np.random.default_rng(0)
+        pages = rng.permutation(size // 32768)
+        s = src.data_ptr() + np.arange(len(pages), dtype=np.uint64) * 32768
+        d = base + pages.astype(np.uint64) * 32768
+        half = len(pages) // 2  # first half page by page (kernel), then one bulk copy
+        eng.wait(eng.submit_write(name, s[:half], d[:half], np.full(half, 32768)), 60)
+        rest = np.arange(half, len(pages))
+        eng.wait(eng.submit_write(name, s[rest], d[rest], np.full(len(rest), 32768)), 60)
+        a.send("read")
+        assert a.poll(120)
+        got = torch.frombuffer(bytearray(a.recv()), dtype=torch.uint8).view(-1, 32768)
+        want = src.cpu().view(-1, 32768)
+        assert torch.equal(got[torch.from_numpy(pages)], want)
+        eng.close()
+        assert MAPPINGS.live() == 0
+    finally:
+        a.send("stop")
+        p.join(60)
