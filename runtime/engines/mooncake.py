@@ -14,6 +14,15 @@ Traps handled here (measured on the 0.3.13.post1 non-cuda wheel, see docs/engine
   a TransferError before importing. `MC_LOG_LEVEL` defaults to ERROR (INFO logs a line per
   batch).
 - A submit that fails returns batch id 0, or 2**64-1 when the peer's segment cannot be opened.
+
+GPU memory (`device="cuda:N"`, the CUDA wheel, e.g. mooncake-transfer-engine-cuda13): regions
+are registered with location "cuda:N". `protocol="auto"` then picks the first transport the
+wheel installs of "nvlink_intra" (CUDA IPC handles in the segment metadata, one cudaMemcpy per
+descriptor; MC_USE_NVLINK_IPC=1 is set so that it does not try fabric handles, which need an
+IMEX channel) and "tcp" (the CUDA build stages device memory through host buffers).
+`transport` says which one initialize() accepted; `report()` adds the wheel's SUPPORT_* flags.
+nvlink_intra maps a peer's whole registration from its handle, so each region must start at
+its allocation (cudaMalloc block); `register` refuses an interior address.
 """
 
 from __future__ import annotations
@@ -59,6 +68,17 @@ def _prepare_environment() -> None:
             "(glog initialised twice); unset it and redirect stderr instead"
         )
     os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
+
+
+def _cuda_index(device: object) -> int:
+    text = str(device)
+    try:
+        value = int(text.split(":", 1)[1] if text.startswith("cuda:") else text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise DescriptorError(f"mooncake: device must be 'cuda:N' or an index, not {device!r}")
+    return value
 
 
 def _max_entries_from_env() -> int:
@@ -171,6 +191,7 @@ class MooncakeEngine(TransferEngine):
         device_filter: str = "",
         max_entries_per_submit: int | None = None,
         transfer_timeout_s: int | None = None,
+        device: object = None,
     ) -> None:
         """
         hostname: the address peers use to reach this process; use an IP, not a host name.
@@ -182,8 +203,11 @@ class MooncakeEngine(TransferEngine):
           or Mooncake's 1024. Larger values fail on TCP unless that variable is raised too.
         transfer_timeout_s: Mooncake's own per-batch timeout (MC_TRANSFER_TIMEOUT, default
           30 s, at least 5 s); it is what ends a batch to a peer that hangs without dying.
+        device: None for host memory; "cuda:N" for memory of that GPU (needs the CUDA wheel);
+          protocol "auto" then picks nvlink_intra or tcp (module docstring).
         """
         _prepare_environment()
+        self._device = None if device is None else _cuda_index(device)
         if hostname is None:
             from ..control import HostSettings
 
@@ -193,27 +217,50 @@ class MooncakeEngine(TransferEngine):
         if max_entries_per_submit < 1:
             raise DescriptorError("max_entries_per_submit must be at least 1")
         self._max_entries = int(max_entries_per_submit)
+        import mooncake.engine as _mc
         from mooncake.engine import TransferEngine as _MooncakeTE
+
+        self._flags = {k: bool(getattr(_mc, k)) for k in dir(_mc) if k.startswith("SUPPORT_")}
+        protocols = [protocol]
+        if protocol == "auto":
+            if self._device is None:
+                raise DescriptorError("mooncake: protocol 'auto' is for device memory; pass "
+                                      "device='cuda:N' or a protocol")
+            if not self._flags.get("SUPPORT_CUDA"):
+                raise TransferError("mooncake: device memory needs the CUDA wheel (this "
+                                    "mooncake.engine has SUPPORT_CUDA false)")
+            protocols = (["nvlink_intra"] if self._flags.get("SUPPORT_INTRA_NVLINK") else []) \
+                + ["tcp"]
+        if "nvlink_intra" in protocols:
+            os.environ.setdefault("MC_USE_NVLINK_IPC", "1")
 
         saved_timeout = os.environ.get("MC_TRANSFER_TIMEOUT")
         if transfer_timeout_s is not None:
             # Read once, in the engine's constructor; restore so other engines are unaffected.
             os.environ["MC_TRANSFER_TIMEOUT"] = str(int(transfer_timeout_s))
+        tried = []
+        engine = None
         try:
-            engine = _MooncakeTE()
+            for proto in protocols:
+                candidate = _MooncakeTE()
+                rc = candidate.initialize(hostname, "P2PHANDSHAKE", proto, device_filter)
+                if rc == 0:
+                    engine, self.transport = candidate, proto
+                    break
+                tried.append(f"{proto!r} returned {rc}")
         finally:
             if transfer_timeout_s is not None:
                 if saved_timeout is None:
                     os.environ.pop("MC_TRANSFER_TIMEOUT", None)
                 else:
                     os.environ["MC_TRANSFER_TIMEOUT"] = saved_timeout
-        rc = engine.initialize(hostname, "P2PHANDSHAKE", protocol, device_filter)
-        if rc != 0:
+        if engine is None:
             raise TransferError(
-                f"mooncake: initialize({hostname!r}, P2PHANDSHAKE, {protocol!r}, "
-                f"{device_filter!r}) returned {rc}"
+                f"mooncake: initialize({hostname!r}, P2PHANDSHAKE, ..., {device_filter!r}): "
+                + "; ".join(tried)
             )
         self._engine = engine
+        self._cuda_driver = None
         self._session = f"{hostname}:{engine.get_rpc_port()}"
         self._protocol, self._hostname = protocol, hostname
         self._regions = RegionTable()
@@ -227,11 +274,31 @@ class MooncakeEngine(TransferEngine):
         addr, nbytes = check_region(addr, nbytes)
         with self._lock:
             self._check_open()
+            if self._device is not None and self.transport == "nvlink_intra":
+                self._check_allocation_start(addr)
             self._regions.add(addr, nbytes)
-            rc = self._engine.register_memory(addr, nbytes)
+            location = "*" if self._device is None else f"cuda:{self._device}"
+            rc = self._engine.register_memory(addr, nbytes, location)
             if rc != 0:
                 self._regions.remove(addr)
                 raise TransferError(f"mooncake: register_memory({addr:#x}, {nbytes}) -> {rc}")
+
+    def _check_allocation_start(self, addr: int) -> None:
+        if self._cuda_driver is None:
+            from .cuda_ipc import CudaDriver
+
+            self._cuda_driver = CudaDriver()
+        self._cuda_driver.ensure_context(self._device)
+        base, _ = self._cuda_driver.allocation(addr)
+        if base != addr:
+            raise DescriptorError(
+                f"mooncake: nvlink_intra maps a registration from the IPC handle of its "
+                f"allocation, so it must start there: {addr:#x} is {addr - base} B into the "
+                f"allocation at {base:#x}; register the allocation (or use protocol='tcp')")
+
+    def report(self) -> dict:
+        """The transport initialize() accepted and the wheel's SUPPORT_* flags."""
+        return {"transport": self.transport, "device": self._device, **self._flags}
 
     def deregister(self, addr: int) -> None:
         with self._lock:

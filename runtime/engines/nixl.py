@@ -1,4 +1,10 @@
-"""NIXL with its UCX backend, host (DRAM) memory.
+"""NIXL with its UCX backend, host (DRAM) or device (VRAM) memory.
+
+`NixlEngine(device="cuda:0")` registers and moves GPU memory (NIXL's VRAM segments) through
+UCX's CUDA transports: cuda_ipc between processes of one host (NVLink or the same GPU),
+cuda_copy for staging; its environment default is UCX_TLS=cuda_ipc,cuda_copy,tcp (tcp carries
+UCX's own wire-up and active messages). Its agent_info is NIXL's metadata prefixed by the
+device index, which the writer needs to name the peer's memory.
 
 Environment defaults, applied with os.environ.setdefault when this engine is first constructed
 (before NIXL is imported) and only for variables that are unset:
@@ -62,9 +68,28 @@ _API_MODULES = ("nixl._api", "nixl_cu13._api", "nixl_cu12._api")
 _AGENT_CREATE_LOCK = threading.Lock()
 
 
-def _prepare_environment() -> None:
+# UCX transports for VRAM: cuda_ipc moves the bytes between processes of one host.
+DEVICE_UCX_TLS = "cuda_ipc,cuda_copy,tcp"
+_VRAM_PREFIX = b"pdc-nixl-vram:"
+
+
+def _prepare_environment(device: bool = False) -> None:
     for key, value in ENV_DEFAULTS.items():
-        os.environ.setdefault(key, value)
+        os.environ.setdefault(key, DEVICE_UCX_TLS if device and key == "UCX_TLS" else value)
+
+
+def _device_index(device: object) -> int:
+    """The CUDA device index of `device` ("cuda:1", 1, a torch.device)."""
+    text = str(device)
+    index = text.split(":", 1)[1] if text.startswith("cuda:") else text
+    try:
+        value = int(index)
+    except ValueError:
+        raise DescriptorError(f"nixl: device must be 'cuda:N' or an index, not {device!r}") \
+            from None
+    if value < 0:
+        raise DescriptorError(f"nixl: device index must be >= 0, not {value}")
+    return value
 
 
 def _import_api() -> ModuleType:
@@ -139,16 +164,22 @@ class NixlEngine(TransferEngine):
         agent_name: str | None = None,
         progress_delay_us: int = DEFAULT_PROGRESS_DELAY_US,
         transfer_timeout_s: float = DEFAULT_TRANSFER_TIMEOUT_S,
+        device: object = None,
     ) -> None:
         """
         agent_name: must be unique among the agents that connect to each other; the default
           includes the pid and a random suffix.
         progress_delay_us: poll timeout of the UCX progress thread (0 = NIXL's busy-poll).
         transfer_timeout_s: a batch not finished after this long is cancelled and FAILED.
+        device: None for host memory (DRAM); "cuda:N" to register and move memory of that GPU
+          (VRAM), sources and destinations alike.
         """
         if progress_delay_us < 0 or transfer_timeout_s <= 0:
             raise DescriptorError("nixl: progress_delay_us >= 0 and transfer_timeout_s > 0")
-        _prepare_environment()
+        self._dev = None if device is None else _device_index(device)
+        self._mem = "DRAM" if device is None else "VRAM"
+        self._peer_dev: dict[str, int] = {}
+        _prepare_environment(device is not None)
         api = _import_api()
         self._errors = _binding_errors(api)
         self._agent_name = agent_name or f"pdc-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -170,7 +201,8 @@ class NixlEngine(TransferEngine):
             self._check_open()
             self._regions.add(addr, nbytes)
             try:
-                dlist = self._agent.register_memory([(addr, nbytes, 0, "")], "DRAM")
+                dlist = self._agent.register_memory([(addr, nbytes, self._dev or 0, "")],
+                                                    self._mem)
             except self._errors as exc:
                 self._regions.remove(addr)
                 raise TransferError(f"nixl: register({addr:#x}, {nbytes}): {exc!r}") from None
@@ -193,7 +225,10 @@ class NixlEngine(TransferEngine):
         # the copy they received, so register first and re-send after registering more.
         with self._lock:
             self._check_open()
-            return bytes(self._agent.get_agent_metadata())
+            metadata = bytes(self._agent.get_agent_metadata())
+        if self._dev is None:
+            return metadata
+        return _VRAM_PREFIX + str(self._dev).encode() + b":" + metadata
 
     def connect(self, agent_info: bytes) -> str:
         """Adds (or, if already known, refreshes) the peer and opens the UCX connection now."""
@@ -201,6 +236,15 @@ class NixlEngine(TransferEngine):
             metadata = bytes(agent_info)
         except TypeError:
             raise DescriptorError("nixl: agent_info must be bytes from agent_info()") from None
+        peer_dev = None
+        if metadata.startswith(_VRAM_PREFIX):
+            head, _, metadata = metadata[len(_VRAM_PREFIX):].partition(b":")
+            peer_dev = int(head) if head.isdigit() else -1
+        if (peer_dev is None) != (self._dev is None) or peer_dev == -1:
+            raise DescriptorError(
+                f"nixl: this engine moves {self._mem} memory and the peer's agent_info is from "
+                f"an engine for {'DRAM' if peer_dev is None else 'VRAM'}; make both engines "
+                "with the same device= kind")
         with self._lock:
             self._check_open()
             try:
@@ -209,6 +253,7 @@ class NixlEngine(TransferEngine):
                 raise TransferError(f"nixl: add_remote_agent: {exc!r}") from None
             peer = name.decode() if isinstance(name, bytes) else str(name)
             self._peers.add(peer)
+            self._peer_dev[peer] = peer_dev or 0
             try:
                 # Lazy otherwise: the first write would pay the connection setup.
                 self._agent.make_connection(peer)
@@ -225,7 +270,8 @@ class NixlEngine(TransferEngine):
         batch = Batch(
             peer=peer, handles=[], nbytes=int(nbytes_u.sum()), descriptors=int(src_u.size)
         )
-        zeros = np.zeros_like(src_u)  # device id column; 0 for host memory
+        # device id column: 0 for host memory, the GPU index of each side for VRAM
+        local_dev = np.full_like(src_u, self._dev or 0)
         with self._lock:
             self._check_open()
             if peer not in self._peers:
@@ -237,8 +283,11 @@ class NixlEngine(TransferEngine):
                     f"nixl: source descriptor {i} [{int(src_u[i]):#x}, +{int(nbytes_u[i])}) is "
                     f"not inside memory registered in this process ({outside.size} such)"
                 )
-            local = self._agent.get_xfer_descs(np.stack([src_u, nbytes_u, zeros], 1), "DRAM")
-            remote = self._agent.get_xfer_descs(np.stack([dst_u, nbytes_u, zeros], 1), "DRAM")
+            remote_dev = np.full_like(src_u, self._peer_dev.get(peer, 0))
+            local = self._agent.get_xfer_descs(np.stack([src_u, nbytes_u, local_dev], 1),
+                                               self._mem)
+            remote = self._agent.get_xfer_descs(np.stack([dst_u, nbytes_u, remote_dev], 1),
+                                                self._mem)
             try:
                 handle = self._agent.initialize_xfer("WRITE", local, remote, peer)
             except self._errors as exc:

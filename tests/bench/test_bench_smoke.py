@@ -22,6 +22,7 @@ GOALS = {
     "streaming": {"e_target", "e_by_case", "e_met_by_best_path"},
     "endpoints": {"staged_faster_in_every_case"},
     "endpoints_device": {"best_case"},
+    "endpoints_processes": {"endpoints_vs_engine_target", "fixed_ms_target", "fixed_ms"},
 }
 ROW_KEYS = {
     "kernels": {"case", "ms", "gbps", "copy_gbps", "ratio_to_copy"},
@@ -31,6 +32,8 @@ ROW_KEYS = {
     "streaming": {"case", "ms"},
     "endpoints": {"case", "path", "descriptors", "batches", "gbps"},
     "endpoints_device": {"case", "ms", "gbps", "staged_links"},
+    "endpoints_processes": {"case", "engine", "ms", "gbps", "engine_only_gbps",
+                            "ratio_to_engine", "fixed_ms", "init_to_submit_ms"},
 }
 
 

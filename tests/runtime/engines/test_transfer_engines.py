@@ -48,6 +48,8 @@ _LIBRARIES = {"mooncake": ["mooncake"], "nixl": ["nixl_cu12", "nixl_cu13", "nixl
 def _engine_params():
     params = []
     for name in ENGINES:
+        if name == "cuda_ipc":
+            continue  # device memory only: tests/runtime/engines/test_cuda_ipc.py
         libs = _LIBRARIES[name]
         missing = libs and not any(importlib.util.find_spec(lib) for lib in libs)
         marks = [pytest.mark.skip(reason=f"{name}: library not installed")] if missing else []
@@ -311,6 +313,6 @@ def test_package_import_loads_no_engine_library():
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=STEP_TIMEOUT_S
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split("\n")[:2] == ["['local', 'mooncake', 'nixl']", "[]"]
-    with pytest.raises(ValueError, match="known engines: local, mooncake, nixl"):
+    assert result.stdout.split("\n")[:2] == ["['cuda_ipc', 'local', 'mooncake', 'nixl']", "[]"]
+    with pytest.raises(ValueError, match="known engines: cuda_ipc, local, mooncake, nixl"):
         make_engine("carrier-pigeon")
