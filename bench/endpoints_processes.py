@@ -374,6 +374,7 @@ def main() -> int:
                 args.engine, args.tokens = engine, tokens
                 C.guarded(rows, notes, checks, f"{engine} {case} {tokens}",
                           lambda case=case: run_case(args, case, rows, checks))
+                print(rows[-1], flush=True)  # a run cut short still shows the cases it did
     C.table(rows, [("case", "case", ""), ("transport", "transport", ""),
                    ("ms", "ms", ".2f"), ("gbps", "GB/s", ",.1f"),
                    ("engine_only_gbps", "engine GB/s", ",.1f"),

@@ -11,7 +11,8 @@
 # Environment: DEVICES=prefill,decode (default cuda:0,cuda:0; two GPUs: cuda:0,cuda:1),
 # ENGINES (default cuda_ipc,mooncake,nixl), TOKENS (default 8192,1024), REPS (default 5),
 # PER_ENGINE_S (default 240), RUN_GPU_TESTS (default 1). Writes OUT/env.txt, OUT/log.txt,
-# OUT/endpoints_processes_<engine>.json and OUT/gpu_tests.txt (TESTS_S bounds the tests).
+# OUT/endpoints_processes_<engine>.json and OUT/gpu_tests.txt (TESTS_S bounds the tests,
+# TESTS_K selects them as pytest -k does).
 set -u
 OUT=${1:?usage: run_gpu_engines.sh OUT [PACKAGES]}
 PKG=${2:-.whl}
@@ -51,7 +52,7 @@ if [ "${RUN_GPU_TESTS:-1}" = 1 ]; then
   REPO=$PWD
   # from /tmp with --import-mode=append: the repository's own pdc/ folder has no runtime/ inside
   (cd /tmp && timeout "${TESTS_S:-200}" python3 -m pytest -q -rA --tb=short --timeout 90 -p no:cacheprovider --import-mode=append \
-    --rootdir "$REPO" -m gpu "$REPO/tests/runtime/engines/test_cuda_ipc.py" \
+    --rootdir "$REPO" -m gpu -k "${TESTS_K:-}" "$REPO/tests/runtime/engines/test_cuda_ipc.py" \
     "$REPO/tests/runtime/engines/test_gpu_engines.py") > "$OUT/gpu_tests.txt" 2>&1
   echo "=== gpu tests exit $?"
   grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|Error|error:|passed|failed" "$OUT/gpu_tests.txt" | tail -25

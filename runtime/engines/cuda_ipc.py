@@ -50,7 +50,8 @@ _LAZY_PEER_ACCESS = 1  # CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
 
 
 class _IpcHandle(ctypes.Structure):
-    _fields_ = [("reserved", ctypes.c_char * _HANDLE_BYTES)]
+    # c_ubyte, not c_char: a c_char array reads back as bytes cut at the first NUL
+    _fields_ = [("reserved", ctypes.c_ubyte * _HANDLE_BYTES)]
 
 
 class CudaDriver:
@@ -97,11 +98,11 @@ class CudaDriver:
         self._check(self._cu.cuIpcGetMemHandle(ctypes.byref(handle), ctypes.c_uint64(base)),
                     "cuIpcGetMemHandle (memory from cudaMalloc is needed; torch's "
                     "expandable_segments allocations cannot be exported)")
-        return bytes(handle.reserved)
+        return bytes(bytearray(handle.reserved))
 
     def open(self, handle: bytes) -> int:
         h = _IpcHandle()
-        ctypes.memmove(h.reserved, handle, _HANDLE_BYTES)
+        ctypes.memmove(ctypes.addressof(h), handle, _HANDLE_BYTES)
         ptr = ctypes.c_uint64()
         self._check(self._open(ctypes.byref(ptr), h, _LAZY_PEER_ACCESS), "cuIpcOpenMemHandle")
         return int(ptr.value)
