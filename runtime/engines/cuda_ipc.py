@@ -32,7 +32,15 @@ import threading
 import numpy as np
 
 from .. import descriptor_copy
-from .base import Batch, BatchState, DescriptorError, RegionTable, TransferError, as_descriptors
+from .base import (
+    Batch,
+    BatchState,
+    DescriptorError,
+    RegionTable,
+    TransferError,
+    TransportInfo,
+    as_descriptors,
+)
 from .local import (
     LocalDeviceEngine,
     PageCopy,
@@ -379,6 +387,15 @@ class CudaIpcEngine(LocalDeviceEngine):
             return Batch(peer=plan.peer, handles=[], nbytes=n * plan.unit_bytes, descriptors=0,
                          state=BatchState.FAILED, reason="peer process has exited")
         return super().submit_pages(plan, src_ids, dst_ids, **kwargs)
+
+    def transport(self) -> TransportInfo:
+        """Note [Reported transport]: CUDA IPC mappings written by this process's own launches."""
+        with self._lock:
+            n = sum(isinstance(p, _IpcPeer) for p in self._peers.values())
+        how = ("CUDA IPC (descriptor-copy kernel, cudaMemcpyAsync for large descriptors)"
+               if self._driver is not None else "torch copies, one process")
+        return TransportInfo(self.name, how, str(self.device),
+                             f"{n} peer(s) of other processes, {MAPPINGS.live()} open mapping(s)")
 
     # -- teardown -----------------------------------------------------------------------------
 

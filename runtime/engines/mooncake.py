@@ -20,7 +20,8 @@ are registered with location "cuda:N". `protocol="auto"` then picks the first tr
 wheel installs of "nvlink_intra" (CUDA IPC handles in the segment metadata, one cudaMemcpy per
 descriptor; MC_USE_NVLINK_IPC=1 is set so that it does not try fabric handles, which need an
 IMEX channel) and "tcp" (the CUDA build stages device memory through host buffers).
-`transport` says which one initialize() accepted; `report()` adds the wheel's SUPPORT_* flags.
+`transport()` says which one initialize() accepted (Note [Reported transport]); `report()`
+adds the wheel's SUPPORT_* flags.
 nvlink_intra maps a peer's whole registration from its handle, so each region must start at
 its allocation (cudaMalloc block); `register` refuses an interior address.
 """
@@ -245,7 +246,7 @@ class MooncakeEngine(TransferEngine):
                 candidate = _MooncakeTE()
                 rc = candidate.initialize(hostname, "P2PHANDSHAKE", proto, device_filter)
                 if rc == 0:
-                    engine, self.transport = candidate, proto
+                    engine, chosen = candidate, proto
                     break
                 tried.append(f"{proto!r} returned {rc}")
         finally:
@@ -262,7 +263,7 @@ class MooncakeEngine(TransferEngine):
         self._engine = engine
         self._cuda_driver = None
         self._session = f"{hostname}:{engine.get_rpc_port()}"
-        self._protocol, self._hostname = protocol, hostname
+        self._protocol, self._hostname = chosen, hostname
         self._regions = RegionTable()
         self._workers: dict[str, _PeerWorker] = {}
         self._lock = threading.Lock()
@@ -274,7 +275,7 @@ class MooncakeEngine(TransferEngine):
         addr, nbytes = check_region(addr, nbytes)
         with self._lock:
             self._check_open()
-            if self._device is not None and self.transport == "nvlink_intra":
+            if self._device is not None and self._protocol == "nvlink_intra":
                 self._check_allocation_start(addr)
             self._regions.add(addr, nbytes)
             location = "*" if self._device is None else f"cuda:{self._device}"
@@ -297,8 +298,8 @@ class MooncakeEngine(TransferEngine):
                 f"allocation at {base:#x}; register the allocation (or use protocol='tcp')")
 
     def report(self) -> dict:
-        """The transport initialize() accepted and the wheel's SUPPORT_* flags."""
-        return {"transport": self.transport, "device": self._device, **self._flags}
+        """The protocol initialize() accepted and the wheel's SUPPORT_* flags."""
+        return {"transport": self._protocol, "device": self._device, **self._flags}
 
     def deregister(self, addr: int) -> None:
         with self._lock:

@@ -367,7 +367,8 @@ class NixlEngine(TransferEngine):
             backends = "unknown"
         tls = os.environ.get("UCX_TLS", "all")
         return TransportInfo(self.name, f"ucx(tls={tls})", os.environ.get("UCX_NET_DEVICES", "all"),
-                             f"backends {backends}")
+                             f"backends {backends}, {self._mem}"
+                             + ("" if self._dev is None else f" of cuda:{self._dev}"))
 
     def close(self) -> None:
         with self._lock:
