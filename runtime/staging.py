@@ -152,20 +152,28 @@ def scatter(pool, ids: np.ndarray, seg: Segment, packed) -> None:
 
 def chunk_block_ranges(blocks: list[Block], link: Link, positions, layers=None):
     """Yield (block, prefill ids, first j, count) for each contiguous j-run of a chunk."""
+    # The runs depend on the component only: computed once per component, not once per block
+    # (160 blocks of an 8K Llama link cost ~7 ms of numpy calls per link on a 2-core VM,
+    # most of the staged path's fixed cost; BENCHMARKS.md (k)).
+    runs: dict[str, list] = {}
     for b in blocks:
         e = link.entries[b.entry]
         if e.component not in positions:
             continue
         if layers is not None and e.layer_id not in layers:
             continue
-        src, j = positions[e.component]
-        if len(j) == 0:
-            continue
-        starts, _, lens = contiguous_runs(j, j)
-        at = 0
-        for j0, n in zip(starts.tolist(), lens.tolist(), strict=True):
-            yield b, src[at:at + n], j0, n
-            at += n
+        got = runs.get(e.component)
+        if got is None:
+            src, j = positions[e.component]
+            got = runs[e.component] = []
+            if len(j):
+                starts, _, lens = contiguous_runs(j, j)
+                at = 0
+                for j0, n in zip(starts.tolist(), lens.tolist(), strict=True):
+                    got.append((src[at:at + n], j0, n))
+                    at += n
+        for ids, j0, n in got:
+            yield b, ids, j0, n
 
 
 def merge_descriptors(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray):
