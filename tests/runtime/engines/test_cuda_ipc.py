@@ -285,3 +285,15 @@ def test_gpu_two_processes_every_byte():
     finally:
         a.send("stop")
         p.join(60)
+
+
+def test_handle_bytes_survive_nul_bytes():
+    # A c_char array reads back cut at its first NUL; handles are mostly NULs (seen on an H200).
+    import ctypes as ct
+
+    from pdc.runtime.engines.cuda_ipc import _IpcHandle
+
+    raw = bytes([0, 1, 0, 0, 9] + [0] * 58 + [7])
+    h = _IpcHandle()
+    ct.memmove(ct.addressof(h), raw, len(raw))
+    assert bytes(bytearray(h.reserved)) == raw
