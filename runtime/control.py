@@ -94,17 +94,35 @@ def _bind_random(sock: zmq.Socket, hosts: HostSettings) -> str:
 
 
 class BootstrapServer:
-    """Prefill leader's table of prefill control endpoints: (dp, pp, tp) -> address."""
+    """Prefill leader's table of prefill control endpoints: (dp, pp, tp) -> address.
 
-    def __init__(self, expected: int, ctx: zmq.Context | None = None,
-                 hosts: HostSettings | None = None):
+    `expected` is the number of prefill ranks; None when the process that runs the table does
+    not know it (a serving engine starts it before its ranks exist): the first `put` that
+    carries `expected` sets it. `port` is a fixed port (a serving engine's bootstrap port);
+    default a random one."""
+
+    def __init__(self, expected: int | None, ctx: zmq.Context | None = None,
+                 hosts: HostSettings | None = None, port: int | None = None):
         self.expected = expected
         self.table: dict[str, str] = {}
         self.ctx = ctx or zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.REP)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.MAXMSGSIZE, 64 << 10)
-        self.address = _bind_random(self.sock, hosts or HostSettings.from_knobs())
+        hosts = hosts or HostSettings.from_knobs()
+        if port is None:
+            self.address = _bind_random(self.sock, hosts)
+        else:
+            if hosts.ipv6:
+                self.sock.setsockopt(zmq.IPV6, 1)
+            bind = "*" if hosts.bind_host in _WILDCARDS else hosts.bind_host
+            try:
+                self.sock.bind(f"tcp://*:{port}" if bind == "*" else _tcp(bind, port))
+            except zmq.ZMQError as e:
+                self.sock.close(0)
+                raise ControlError(f"bootstrap server cannot listen on port {port}: {e}") \
+                    from None
+            self.address = _tcp(hosts.advertise, port)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pdc-bootstrap", daemon=True)
         self._thread.start()
@@ -119,14 +137,24 @@ class BootstrapServer:
             try:
                 key = f"{int(msg['dp'])}/{int(msg['pp'])}/{int(msg['tp'])}"
                 addr = str(msg["endpoint"])
+                expected = int(msg.get("expected", self.expected or 0))
             except (KeyError, ValueError, TypeError):
                 return {"error": "put needs integer dp, pp, tp and an endpoint"}
+            if self.expected is None:
+                if expected < 1:
+                    return {"error": "put needs 'expected' (the number of prefill ranks): "
+                                     "this table was started without it"}
+                self.expected = expected
+            elif expected != self.expected:
+                return {"error": f"put says {expected} prefill ranks, the table holds "
+                                 f"{self.expected}"}
             if key not in self.table and len(self.table) >= self.expected:
                 return {"error": f"table already holds {self.expected} ranks"}
             self.table[key] = addr
             return {"ok": True}
         if op == "get":
-            return {"ready": len(self.table) >= self.expected, "table": self.table}
+            return {"ready": self.expected is not None and len(self.table) >= self.expected,
+                    "table": self.table}
         return {"error": f"unknown op '{op}'"}
 
     def _run(self) -> None:

@@ -280,8 +280,10 @@ class PrefillEndpoint:
         self.max_stall_s = 0.0  # longest gap between two timer runs of the control thread
         # Last: the hub thread starts handling messages and timers at once.
         self.hub = Hub(self._on_message, bind=True, on_tick=self._tick)
+        p = plan.topology.prefill
         bootstrap_call(bootstrap, {"op": "put", "dp": dp_group, "pp": rank.pp, "tp": rank.tp,
-                                   "endpoint": self.hub.address},
+                                   "endpoint": self.hub.address,
+                                   "expected": p.dp * p.pp * p.tp},
                        knobs.get("bootstrap_timeout_s"))
         self.worker = threading.Thread(target=self._work, name="pdc-prefill-worker", daemon=True)
         self.worker.start()

@@ -1,0 +1,439 @@
+"""pdc as an SGLang disaggregation transfer backend: Manager, Sender, Receiver, bootstrap server.
+
+SGLang's scheduler drives these through the `BaseKVManager` / `BaseKVSender` /
+`BaseKVReceiver` contract of `sglang.srt.disaggregation.base.conn` (0.5.23); every byte and
+every control message goes through pdc's runtime (`pdc.runtime.endpoints`): the family's plan
+and registration check, bounds-checked indices, drain-acked aborts, heartbeats.
+
+One `PdcKVManager` per scheduler process (one TP rank):
+- prefill: one `PrefillEndpoint`, whose control endpoint is put into the bootstrap table that
+  `PdcKVBootstrapServer` (pdc's table, bound on `--disaggregation-bootstrap-port`) holds. The
+  scheduler processes start before the HTTP process that runs the table, so the endpoint
+  opens on a background thread once the table answers; senders poll Bootstrapping until then.
+- decode: one `DecodeEndpoint` per prefill server (bootstrap address), opened on a background
+  thread the first time SGLang asks for that server's parallel info
+  (`try_ensure_parallel_info`), which SGLang retries until it is ready.
+
+Note [SGLang plan]: prefill knows its own TP/PP/DP and page size from its server args, and the
+decode side's from `PDC_SGLANG_DECODE` ("tp=N,dp=M", default: its own TP, PP 1, DP 1); decode
+reads the prefill side off the bootstrap table (which ranks registered). Both lower the same
+plan; when they disagree pdc's registration check rejects decode with both digests, and the
+requests fail at bootstrap with that reason instead of writing wrong bytes.
+
+Note [SGLang abort]: SGLang 0.5.23 holds a failed request's decode pages until the backend
+says prefill's writes drained (`enable_deferred_decode_kv_release`,
+`is_abort_release_safe(room, acks)`), or until its own timeout
+(`SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT`). pdc answers from the
+receiver's page state: REUSABLE once every prefill rank is quiet (Note [Failure semantics] in
+pdc.runtime.endpoints). A request pdc QUARANTINED (a prefill rank could not confirm) is
+counted and logged; SGLang's own timeout then frees the pages, which pdc cannot prevent.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+from pdc.runtime import knobs
+from pdc.runtime.control import BootstrapServer, ControlError, bootstrap_call, fetch_table
+from pdc.runtime.endpoints import DecodeEndpoint, PageState, PrefillEndpoint
+from pdc.runtime.engines import make_engine
+from pdc.runtime.plan_types import RankId
+from pdc.runtime.wire import KVPoll as PdcPoll
+from sglang.srt.disaggregation.base.conn import (
+    BaseKVBootstrapServer,
+    BaseKVManager,
+    BaseKVReceiver,
+    BaseKVSender,
+    KVPoll,
+    KVTransferDestination,
+    KVTransferMetric,
+)
+from sglang.srt.disaggregation.utils import DisaggregationMode
+
+from . import faults
+from .family import RefusedModel, engine_pools, make_plan, served_family, side
+
+logger = logging.getLogger(__name__)
+
+ENGINE_ENV = "PDC_SGLANG_ENGINE"  # mooncake (default) | nixl
+DECODE_ENV = "PDC_SGLANG_DECODE"  # Note [SGLang plan]
+ENGINES = ("mooncake", "nixl")
+
+# pdc's KVPoll is numbered in progress order, SGLang's puts Failed at 0: map by name.
+_POLL = {s: getattr(KVPoll, s.name) for s in PdcPoll}
+
+
+class PdcTransferError(Exception):
+    """A request's transfer failed in pdc; the message is pdc's reason."""
+
+    def __init__(self, room: int, reason: str):
+        super().__init__(f"pdc: room {room}: {reason}")
+        self.failure_reason = reason
+
+
+def _host() -> str:
+    return os.environ.get("SGLANG_HOST_IP", "127.0.0.1")
+
+
+def _bootstrap_zmq(addr: str) -> str:
+    return addr if addr.startswith("tcp://") else f"tcp://{addr}"
+
+
+def _parse_side(text: str, what: str) -> dict[str, int]:
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, _, value = part.partition("=")
+        if key not in ("tp", "pp", "dp") or not value.isdigit() or int(value) < 1:
+            raise RefusedModel(f"pdc: {what}={text!r}: expected tp=N,pp=N,dp=N with N >= 1")
+        out[key] = int(value)
+    return out
+
+
+def engine_name() -> str:
+    name = os.environ.get(ENGINE_ENV, "mooncake")
+    if name not in ENGINES:
+        raise RefusedModel(f"pdc: {ENGINE_ENV}={name!r}; use one of {', '.join(ENGINES)}")
+    return name
+
+
+class _PrefillServerInfo:
+    """What SGLang's decode scheduler reads about a prefill server (prefill_info_table)."""
+
+    def __init__(self, dp_size: int):
+        self.dp_size = dp_size
+        self.follow_bootstrap_room = True
+
+
+class PdcKVBootstrapServer(BaseKVBootstrapServer):
+    """pdc's bootstrap table (ZeroMQ, JSON) on SGLang's bootstrap port."""
+
+    def __init__(self, host: str, port: int):
+        self.table = BootstrapServer(None, port=int(port))
+        logger.info("pdc bootstrap table on %s", self.table.address)
+
+    def close(self) -> None:
+        self.table.close()
+
+
+class PdcKVManager(BaseKVManager):
+    enable_deferred_decode_kv_release = True  # Note [SGLang abort]
+    supports_deferred_decode_kv_release = True
+    supports_host_destination = False
+
+    def __init__(self, args, disaggregation_mode: DisaggregationMode, server_args,
+                 is_mla_backend: bool | None = False):
+        self.kv_args = args
+        self.mode = disaggregation_mode
+        self.server_args = server_args
+        if is_mla_backend:
+            raise RefusedModel("pdc: MLA KV pools are not supported by pdc's SGLang backend "
+                               "yet (docs/sglang.md, 'Families')")
+        if int(getattr(server_args, "dp_size", 1) or 1) != 1 or int(server_args.pp_size) != 1:
+            raise RefusedModel("pdc's SGLang backend runs dp_size 1 and pp_size 1 so far "
+                               f"(got dp {server_args.dp_size}, pp {server_args.pp_size})")
+        self.tp = int(server_args.tp_size)
+        self.rank = RankId(0, int(args.engine_rank) % self.tp)
+        self.page_size = int(args.page_size)
+        self.family = served_family(server_args.model_path, args, self.tp, self.rank.tp)
+        self.engine_name = engine_name()
+        kwargs = {"hostname": _host()} if self.engine_name == "mooncake" else {}
+        self.engine = make_engine(self.engine_name, **kwargs)
+        self.lock = threading.Lock()
+        self.prefill_info_table: dict[str, _PrefillServerInfo] = {}
+        self.failures = 0
+        self.quarantined = 0
+        if self.mode == DisaggregationMode.PREFILL:
+            decode = {"tp": self.tp, "pp": 1, "dp": 1}
+            decode.update(_parse_side(os.environ.get(DECODE_ENV, ""), DECODE_ENV))
+            layout = self.family.layout
+            self.plan = make_plan(self.family.family, side(self.tp, 1, 1, self.page_size),
+                                  side(decode["tp"], decode["pp"], decode["dp"], self.page_size),
+                                  self.engine_name)
+            self.pools = engine_pools(layout, self.plan, "prefill", self.rank, args)
+            self.endpoint: PrefillEndpoint | None = None
+            self.endpoint_error = ""
+            port = int(server_args.disaggregation_bootstrap_port)
+            self.bootstrap = f"tcp://{_host()}:{port}"
+            threading.Thread(target=self._open_prefill, name="pdc-sglang-open",
+                             daemon=True).start()
+        else:
+            self.endpoints: dict[str, DecodeEndpoint] = {}
+            self.endpoint_errors: dict[str, str] = {}
+            self.opening: set[str] = set()
+            self.generations: dict[int, int] = {}
+            self.receivers: dict[int, PdcKVReceiver] = {}
+            self.pools_by_plan: dict[str, object] = {}
+        logger.info("pdc SGLang backend: %s %s rank %s, family %s (%s), engine %s",
+                    self.mode.value, self.family.architecture, self.rank,
+                    self.family.layout.family, self.family.layout.spec_path, self.engine_name)
+
+    # ~~~ prefill ~~~
+
+    def _open_prefill(self) -> None:
+        deadline = time.monotonic() + max(knobs.get("bootstrap_timeout_s"), 300.0)
+        while True:
+            try:
+                bootstrap_call(self.bootstrap, {"op": "get"}, 2.0)
+                break
+            except ControlError as e:
+                if time.monotonic() > deadline:
+                    self.endpoint_error = f"the bootstrap table never answered: {e}"
+                    logger.error("pdc: %s", self.endpoint_error)
+                    return
+        try:
+            ep = PrefillEndpoint(self.family.layout, self.family.wire, self.plan, self.rank, 0,
+                                 self.engine, self.pools, self.bootstrap)
+        except Exception as e:  # noqa: BLE001 - every request then fails with this reason
+            self.endpoint_error = f"the prefill endpoint did not open: {e}"
+            logger.error("pdc: %s", self.endpoint_error)
+            return
+        with self.lock:
+            self.endpoint = ep
+
+    def register_to_bootstrap(self):
+        """The prefill endpoint registers itself once the table answers (_open_prefill)."""
+
+    # ~~~ decode ~~~
+
+    def try_ensure_parallel_info(self, bootstrap_addr: str) -> bool:
+        """True once the decode endpoint for that prefill server is open (or failed: its
+        requests then fail with the reason)."""
+        with self.lock:
+            if bootstrap_addr in self.endpoints or bootstrap_addr in self.endpoint_errors:
+                return True
+            if bootstrap_addr not in self.opening:
+                self.opening.add(bootstrap_addr)
+                threading.Thread(target=self._open_decode, args=(bootstrap_addr,),
+                                 name="pdc-sglang-open", daemon=True).start()
+        return False
+
+    def _open_decode(self, bootstrap_addr: str) -> None:
+        addr = _bootstrap_zmq(bootstrap_addr)
+        layout = self.family.layout
+        try:
+            table = fetch_table(addr, knobs.get("bootstrap_timeout_s"))
+            prefill_dp = 1 + max(dp for dp, _, _ in table)
+            prefill = side(1 + max(tp for _, _, tp in table), 1 + max(pp for _, pp, _ in table),
+                           prefill_dp, self.page_size)
+            own = side(self.tp, 1, 1, self.page_size)
+            plan = make_plan(self.family.family, prefill, own, self.engine_name)
+            key = plan.digest()
+            pools = self.pools_by_plan.get(key)
+            if pools is None:
+                pools = self.pools_by_plan[key] = engine_pools(layout, plan, "decode",
+                                                               self.rank, self.kv_args)
+            ep = DecodeEndpoint(layout, self.family.wire, plan, self.rank, 0, self.engine,
+                                pools, addr)
+            ep.wait_ready()
+        except Exception as e:  # noqa: BLE001 - the requests for that server fail with it
+            with self.lock:
+                self.endpoint_errors[bootstrap_addr] = f"cannot reach prefill server " \
+                    f"{bootstrap_addr}: {e}"
+                self.opening.discard(bootstrap_addr)
+            logger.error("pdc: %s", self.endpoint_errors[bootstrap_addr])
+            return
+        with self.lock:
+            self.endpoints[bootstrap_addr] = ep
+            self.prefill_info_table[bootstrap_addr] = _PrefillServerInfo(prefill_dp)
+            self.opening.discard(bootstrap_addr)
+
+    def next_generation(self, room: int) -> int:
+        with self.lock:
+            g = self.generations[room] = self.generations.get(room, -1) + 1
+            if len(self.generations) > 65536:  # bounded: rooms are random 63-bit ids
+                self.generations.pop(next(iter(self.generations)))
+            return g
+
+    def is_abort_release_safe(self, bootstrap_room: int, required_acks: int) -> bool:
+        rv = self.receivers.get(bootstrap_room)
+        return rv is None or rv.pages_resolved()
+
+    def clear_deferred_abort_state(self, bootstrap_room: int) -> None:
+        self.receivers.pop(bootstrap_room, None)
+
+    def should_verify_kv_checksum(self, bootstrap_addr: str) -> bool:
+        return False  # pdc checks its own link digests (knob `checksum`)
+
+
+class PdcKVSender(BaseKVSender):
+    """Prefill's side of one request: SGLang's chunks become pdc chunks with absolute page
+    positions (Note [Absolute page positions] in pdc.runtime.indices)."""
+
+    def __init__(self, mgr: PdcKVManager, bootstrap_addr: str, bootstrap_room: int,
+                 req_has_disagg_prefill_dp_rank: bool = False):
+        self.kv_mgr = mgr
+        self.bootstrap_room = int(bootstrap_room)
+        self.sender = None
+        self.num_pages: int | None = None
+        self.aux_index = -1
+        self.pages_sent = 0
+        self.tokens_sent = 0
+        self.error = ""
+        self.t_start = time.monotonic()
+        self._attach()
+
+    def _attach(self) -> bool:
+        if self.sender is not None:
+            return True
+        ep = self.kv_mgr.endpoint
+        if ep is None:
+            if self.kv_mgr.endpoint_error:
+                self.error = self.kv_mgr.endpoint_error
+            return False
+        try:
+            self.sender = ep.sender(self.bootstrap_room)
+        except ValueError as e:
+            self.error = str(e)
+            return False
+        return True
+
+    def init(self, num_kv_indices: int, aux_index: int | None = None):
+        self.num_pages = int(num_kv_indices)
+        self.aux_index = -1 if aux_index is None else int(aux_index)
+
+    def send(self, kv_indices, state_indices=None, num_kv_tokens: int | None = None, **_):
+        if self.error or not self._attach():
+            self.error = self.error or "send() before the prefill endpoint opened"
+            return
+        pages = [int(x) for x in kv_indices]
+        start = self.pages_sent
+        self.pages_sent += len(pages)
+        self.tokens_sent += int(num_kv_tokens or 0)
+        if self.num_pages is None:
+            self.error = "send() before init(): SGLang gave no page count"
+        elif self.pages_sent > self.num_pages:
+            self.error = (f"SGLang sent pages {start}..{self.pages_sent - 1}, but init() said "
+                          f"the request has {self.num_pages}")
+        if self.error:
+            self.sender.abort()
+            return
+        last = self.pages_sent == self.num_pages
+        pages = faults.apply(self.bootstrap_room, pages, last)
+        self.sender.send(pages, start, last, self.tokens_sent,
+                         aux_row=self.aux_index if last else -1)
+
+    def poll(self) -> KVPoll:
+        if self.error:
+            return KVPoll.Failed
+        if not self._attach():
+            return KVPoll.Bootstrapping
+        state = self.sender.poll()
+        if state == PdcPoll.Failed and self.sender.reason:
+            self.error = self.sender.reason
+        return _POLL[state]
+
+    def failure_exception(self):
+        reason = self.error or (self.sender.reason if self.sender is not None else "") or \
+            "failed"
+        raise PdcTransferError(self.bootstrap_room, reason)
+
+    def get_transfer_metric(self) -> KVTransferMetric:
+        if self.sender is None:
+            return KVTransferMetric()
+        st = self.sender.stats
+        latency = st.t_done - st.t_init if st.t_done and st.t_init else None
+        return KVTransferMetric(transfer_latency_s=latency, transfer_total_bytes=st.bytes)
+
+    def abort(self):
+        if self.sender is not None:
+            self.sender.abort()
+        self.error = self.error or "aborted by prefill"
+
+    def clear(self):
+        pass
+
+
+class PdcKVReceiver(BaseKVReceiver):
+    """Decode's side of one request."""
+
+    require_staging = False
+
+    def __init__(self, mgr: PdcKVManager, bootstrap_addr: str, bootstrap_room: int | None = None):
+        self.kv_mgr = mgr
+        self.bootstrap_addr = bootstrap_addr
+        self.bootstrap_room = int(bootstrap_room or 0)
+        self.receiver = None
+        self.error = ""
+        self.conclude_state = None
+        self.abort_notified = False
+        self.bootstrap_infos: list = []
+        self._released = False
+
+    def init(self, prefill_dp_rank: int):
+        mgr = self.kv_mgr
+        with mgr.lock:
+            ep = mgr.endpoints.get(self.bootstrap_addr)
+            err = mgr.endpoint_errors.get(self.bootstrap_addr, "")
+        if ep is None:
+            self.error = err or f"no pdc endpoint for prefill server {self.bootstrap_addr}"
+            self.conclude_state = KVPoll.Failed
+            return
+        try:
+            self.receiver = ep.receiver(self.bootstrap_room,
+                                        mgr.next_generation(self.bootstrap_room))
+        except ValueError as e:
+            self.error = str(e)
+            self.conclude_state = KVPoll.Failed
+            return
+        self.bootstrap_infos = sorted(ep.sources)
+        mgr.receivers[self.bootstrap_room] = self
+
+    def send_metadata(self, kv_indices, aux_index: int | None = None, state_indices=None,
+                      decode_prefix_len: int | None = None,
+                      destination=KVTransferDestination.DEVICE):
+        if self.receiver is None:
+            self.error = self.error or "send_metadata() before init()"
+            return
+        self.receiver.init([int(x) for x in kv_indices], int(decode_prefix_len or 0),
+                           aux_row=-1 if aux_index is None else int(aux_index))
+
+    def poll(self) -> KVPoll:
+        if self.error:
+            return KVPoll.Failed
+        if self.receiver is None:
+            return KVPoll.Bootstrapping
+        state = self.receiver.poll()
+        if state == PdcPoll.Bootstrapping:
+            # The endpoint's handshake with every prefill rank is done (init() found it
+            # open): SGLang may allocate and send the metadata now.
+            return KVPoll.WaitingForInput
+        return _POLL[state]
+
+    def pages_resolved(self) -> bool:
+        """May SGLang reuse this request's pages? Note [SGLang abort]."""
+        if self.receiver is None:
+            return True
+        state = self.receiver.page_state
+        if state == PageState.QUARANTINED and not self._released:
+            self._released = True
+            self.kv_mgr.quarantined += 1
+            logger.warning("pdc: room %d: pages quarantined (a prefill rank did not confirm "
+                           "its writes drained); SGLang frees them after its own timeout",
+                           self.bootstrap_room)
+        return state == PageState.REUSABLE
+
+    def failure_exception(self):
+        reason = self.error or (self.receiver.reason if self.receiver is not None else "") or \
+            "failed"
+        raise PdcTransferError(self.bootstrap_room, reason)
+
+    def abort(self):
+        self.abort_notified = True
+        if self.receiver is not None:
+            self.receiver.abort(wait=False)
+        else:
+            self.error = self.error or "aborted by decode"
+
+    def ensure_abort_notified(self, *, force_arm: bool = False) -> None:
+        """A failed request already told every prefill rank that may still write to stop
+        (Note [Failure semantics]); only an unfinished one needs the abort."""
+        self.abort()
+
+    def clear(self):
+        if self.receiver is not None:
+            self.receiver.release()
+        if self.kv_mgr.receivers.get(self.bootstrap_room) is self:
+            self.kv_mgr.receivers.pop(self.bootstrap_room, None)

@@ -1,0 +1,222 @@
+"""The family and plan of the model an SGLang server serves, and its buffers as pdc pools.
+
+Note [Served family]: pdc specs are concrete (a family names its layer count, heads and
+page size), so the served model picks a family in two steps: its architecture
+(`config.json`'s `architectures[0]`) names candidate families (ARCHITECTURES), and the first
+candidate whose registration matches SGLang's own buffers item for item (count, bytes) is
+used. An architecture with no candidate is refused with its name; a candidate that does not
+fit is refused with the first difference, so the message says which spec to write or fix.
+
+Note [SGLang aux row]: SGLang's MetadataBuffers registers one buffer per field, in the order
+of `MetadataBuffers.get_buf_infos` (disaggregation/utils.py); pdc's spec names each field as
+a tensor of an aux component. AUX_FIELDS is that order for the buffers SGLang registers by
+default; optional fields (sampling mask, DSA top-k, KV checksum) change the list and are
+refused by name.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import json
+import os
+from dataclasses import dataclass
+
+from pdc.runtime.diagnostics import SpecErrors
+from pdc.runtime.family import Family
+from pdc.runtime.layout_types import FamilyLayout
+from pdc.runtime.plan_types import Plan, RankId
+from pdc.runtime.pools import EnginePools, RegistrationMismatch
+
+# architecture -> generated families (py names) that may describe it; see Note [Served family]
+ARCHITECTURES: dict[str, tuple[str, ...]] = {
+    "LlamaForCausalLM": ("sglang_tiny_llama",),
+}
+
+# Note [SGLang aux row]: get_buf_infos order with SGLang's default settings.
+AUX_FIELDS = (
+    "output_ids", "cached_tokens", "output_token_logprobs_val", "output_token_logprobs_idx",
+    "output_top_logprobs_val", "output_top_logprobs_idx", "output_topk_p",
+    "output_topk_index", "output_hidden_states", "bootstrap_room",
+)
+# aux components with one tensor carry it under the component's name in the spec
+AUX_SINGLE = {"output_top_logprobs_val": "aux_top_val", "output_top_logprobs_idx": "aux_top_idx",
+              "output_topk_index": "aux_topk_index", "output_hidden_states": "aux_hidden",
+              "bootstrap_room": "aux_room"}
+
+
+class RefusedModel(RuntimeError):
+    """pdc cannot serve this model (or these SGLang settings); the message says why."""
+
+
+@dataclass(frozen=True)
+class ServedFamily:
+    family: Family
+    wire: object  # the family's generated wire module
+    architecture: str
+
+    @property
+    def layout(self) -> FamilyLayout:
+        return self.family.layout
+
+
+def architecture(model_path: str) -> str:
+    path = os.path.join(model_path, "config.json")
+    try:
+        with open(path) as f:
+            archs = json.load(f).get("architectures") or []
+    except (OSError, ValueError) as e:
+        raise RefusedModel(f"pdc: cannot read the served model's config ({path}): {e}") from None
+    if not archs:
+        raise RefusedModel(f"pdc: {path} names no architecture")
+    return str(archs[0])
+
+
+@dataclass(frozen=True)
+class Region:
+    """One SGLang buffer as KVArgs describes it: address, bytes, bytes per item."""
+
+    addr: int
+    nbytes: int
+    item_bytes: int
+    what: str  # in SGLang's words, for messages
+
+
+def buffers_of(kv_args) -> dict[tuple[str, str, int], Region]:
+    """SGLang's KV buffers as (component, tensor, layer id) -> region.
+
+    `kv_data_ptrs` lists K of every layer, then V of every layer (MHA pools), with
+    `kv_layer_ids` naming the global layer of each entry where the pool reports them."""
+    out: dict[tuple[str, str, int], Region] = {}
+    ptrs, lens, items = kv_args.kv_data_ptrs, kv_args.kv_data_lens, kv_args.kv_item_lens
+    if len(ptrs) % 2:
+        raise RefusedModel(f"pdc: SGLang registered {len(ptrs)} KV buffers; an MHA pool "
+                           "registers K and V per layer (MLA pools are not supported yet)")
+    half = len(ptrs) // 2
+    layer_ids = list(getattr(kv_args, "kv_layer_ids", None) or [])
+    if len(layer_ids) != len(ptrs):
+        start = int(getattr(kv_args, "prefill_start_layer", 0) or 0)
+        layer_ids = [start + i for i in range(half)] * 2
+    for i, (ptr, nbytes, item) in enumerate(zip(ptrs, lens, items, strict=True)):
+        tensor = "k" if i < half else "v"
+        layer = int(layer_ids[i])
+        out[("kv", tensor, layer)] = Region(int(ptr), int(nbytes), int(item),
+                                            f"SGLang's {tensor.upper()} buffer of layer {layer}")
+    return out
+
+
+def aux_buffers_of(kv_args) -> dict[tuple[str, str], Region]:
+    """SGLang's aux buffers as (component, tensor) -> region; Note [SGLang aux row]."""
+    ptrs, lens, items = kv_args.aux_data_ptrs, kv_args.aux_data_lens, kv_args.aux_item_lens
+    if len(ptrs) != len(AUX_FIELDS):
+        raise RefusedModel(
+            f"pdc: SGLang registered {len(ptrs)} aux buffers, pdc's SGLang specs declare "
+            f"{len(AUX_FIELDS)} ({', '.join(AUX_FIELDS)}); turn off "
+            "SGLANG_ENABLE_DISAGG_SAMPLING_MASK, --disaggregation-enable-kv-checksum and "
+            "DSA top-k seeding, which add buffers")
+    out = {}
+    for name, ptr, nbytes, item in zip(AUX_FIELDS, ptrs, lens, items, strict=True):
+        comp = AUX_SINGLE.get(name)
+        if comp is None:
+            comp = "aux_i32" if name in ("output_ids", "cached_tokens",
+                                         "output_token_logprobs_idx") else "aux_f32"
+        out[(comp, name)] = Region(int(ptr), int(nbytes), int(item),
+                                   f"SGLang's aux buffer {name}")
+    return out
+
+
+def _tensor_over(region: Region, dtype_name: str):
+    """A torch view of SGLang's memory, one row per item, in the component's dtype: KVArgs
+    carries only addresses, so bytes per item and item count are what is checked."""
+    import torch
+
+    dtype = getattr(torch, dtype_name, None)
+    elem = torch.empty((), dtype=dtype).element_size() if dtype is not None else 1
+    if dtype is None or region.item_bytes % elem:
+        dtype, elem = torch.uint8, 1
+    raw = (ctypes.c_uint8 * region.nbytes).from_address(region.addr)
+    flat = torch.frombuffer(raw, dtype=torch.uint8)
+    items = region.nbytes // region.item_bytes
+    return flat[:items * region.item_bytes].view(dtype).reshape(items,
+                                                                region.item_bytes // elem)
+
+
+def engine_pools(layout: FamilyLayout, plan: Plan, side: str, rank: RankId,
+                 kv_args) -> EnginePools:
+    """SGLang's own KV and aux buffers of this rank, in place, checked against the plan
+    (Note [Engine-owned memory] in pdc.runtime.pools)."""
+    reg = plan.registration(side, rank)
+    kv = buffers_of(kv_args)
+    aux = aux_buffers_of(kv_args)
+    kv_dtype = str(getattr(kv_args, "kv_cache_dtype_str", "") or "")
+    tensors, labels = {}, {}
+    for name, entries, _ in reg.components:
+        comp = layout.component(name)
+        for tensor, layer_id in entries:
+            if comp.index == "aux":
+                region = aux.get((name, tensor if len(comp.tensors) > 1 else _single_field(name)))
+            else:
+                region = kv.get((name, tensor, layer_id))
+                if region is not None and kv_dtype not in ("", "auto", comp.dtype):
+                    raise RefusedModel(f"pdc: {layout.family} ({comp.loc}) holds {name} in "
+                                       f"{comp.dtype}, the server's KV cache is {kv_dtype}")
+            if region is None:
+                continue  # EnginePools names what is missing
+            key = (name, tensor, layer_id)
+            tensors[key] = _tensor_over(region, comp.dtype)
+            labels[key] = region.what
+    tp = plan.topology.prefill.tp if side == "prefill" else plan.topology.decode.tp
+    try:
+        return EnginePools(layout, reg, tp, tensors, label=lambda key: labels[key])
+    except RegistrationMismatch as e:
+        raise RefusedModel(f"pdc: {layout.family} does not fit the served model's buffers: "
+                           f"{e}") from None
+
+
+def _single_field(component: str) -> str:
+    return next(f for f, c in AUX_SINGLE.items() if c == component)
+
+
+def served_family(model_path: str, kv_args, tp: int, tp_rank: int) -> ServedFamily:
+    """Note [Served family]: checked on this rank's own shard (tp, tp_rank)."""
+    arch = architecture(model_path)
+    candidates = ARCHITECTURES.get(arch)
+    if not candidates:
+        known = ", ".join(sorted(ARCHITECTURES))
+        raise RefusedModel(f"pdc has no spec for architecture {arch} (served from "
+                           f"{model_path}); pdc's SGLang backend knows: {known}. Write a spec "
+                           "(specs/<family>.yaml) and list it in "
+                           "pdc.integrations.sglang.family.ARCHITECTURES")
+    problems = []
+    page_size = int(kv_args.page_size)
+    for py_name in candidates:
+        family = Family.load(py_name)
+        layout = family.layout
+        wire = importlib.import_module(f"pdc.generated.{py_name}.wire")
+        if page_size != layout.default_page_size:
+            problems.append(f"{layout.family} pages hold {layout.default_page_size} tokens, "
+                            f"the server's --page-size is {page_size}")
+            continue
+        one = side(tp, 1, 1, page_size)
+        plan = make_plan(family, one, one, "local")
+        try:
+            engine_pools(layout, plan, "prefill", RankId(0, tp_rank), kv_args)
+        except RefusedModel as e:
+            problems.append(str(e).removeprefix("pdc: "))
+            continue
+        return ServedFamily(family, wire, arch)
+    raise RefusedModel(f"pdc: no spec for {arch} fits the served model ({model_path}): "
+                       + "; ".join(problems))
+
+
+def side(tp: int, pp: int, dp: int, page_size: int) -> str:
+    return f"tp={tp},pp={pp},dp={dp},page_size={page_size}"
+
+
+def make_plan(family: Family, prefill: str, decode: str, engine: str) -> Plan:
+    """The plan for the live topology, made in the runtime (no compiler)."""
+    try:
+        return family.plan_for(prefill, decode, engine)
+    except SpecErrors as e:
+        raise RefusedModel(f"pdc: no plan for {family.name} from prefill {prefill} to decode "
+                           f"{decode} over {engine}: {e}") from None

@@ -1,0 +1,161 @@
+"""`pdc sglang-demo`: real SGLang prefill and decode servers with pdc's transfer backend.
+
+Starts a plain SGLang server for the reference (greedy tokens of every prompt, then stopped),
+then a prefill and a decode server with `--disaggregation-transfer-backend pdc` behind SGLang's
+router, sends N prompts of mixed lengths (several chunked-prefill chunks, 16-token pages,
+`--in-flight` at once), checks every generated token against the reference and prints
+prompts ok/failed, MB moved, transfer ms and TTFT p50/p99. `--compare` runs the same prompts
+through SGLang's own `mooncake` backend on the same settings and prints both side by side.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+
+from . import sglang_harness as H
+
+
+@dataclass
+class Row:
+    backend: str
+    engine: str
+    ok: int
+    failed: int
+    mismatched: int
+    mb: float
+    transfers: int
+    transfer_ms_mean: float
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    wall_s: float
+    errors: list
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    s = sorted(values)
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
+
+
+def _progress(label: str, total: int):
+    done = [0]
+    lock = threading.Lock()
+
+    def tick(result) -> None:
+        with lock:
+            done[0] += 1
+            bar = "#" * (30 * done[0] // total)
+            mark = "" if not result.error else "  (a prompt failed)"
+            print(f"\r  {label:<18} [{bar:<30}] {done[0]}/{total}{mark}", end="",
+                  file=sys.stderr, flush=True)
+            if done[0] == total:
+                print(file=sys.stderr)
+
+    return tick
+
+
+def run_pair(python: str, model: str, workdir: str, backend: str, engine: str,
+             prompts: list[list[int]], reference: list[list[int]], new_tokens: int,
+             in_flight: int) -> Row:
+    label = f"{backend}/{engine}"
+    print(f"pdc sglang-demo: starting prefill + decode ({label}) and the router ...",
+          file=sys.stderr)
+    pair = H.PDPair.start(python, model, workdir, backend=backend, engine=engine)
+    try:
+        before = H.metrics(pair.prefill.url)
+        t0 = time.monotonic()
+        results = H.run_prompts(pair.router.url, prompts, new_tokens, in_flight,
+                                on_done=_progress(label, len(prompts)))
+        wall = time.monotonic() - t0
+        time.sleep(0.5)  # the prefill scheduler observes its last transfer after replying
+        after = H.metrics(pair.prefill.url)
+    finally:
+        pair.stop()
+
+    def delta(name: str) -> float:
+        return H.metric_sum(after, name) - H.metric_sum(before, name)
+
+    ok = [r for r in results if not r.error]
+    mismatched = [r.prompt for r in ok if r.tokens != reference[r.prompt]]
+    count = delta("sglang:kv_transfer_latency_ms_count")
+    ttfts = [r.ttft_s * 1e3 for r in ok]
+    return Row(backend, engine, len(ok) - len(mismatched), len(results) - len(ok) +
+               len(mismatched), len(mismatched), delta("sglang:kv_transfer_total_mb_sum"),
+               int(count), delta("sglang:kv_transfer_latency_ms_sum") / count if count else 0.0,
+               _percentile(ttfts, 0.5), _percentile(ttfts, 0.99), wall,
+               [f"prompt {r.prompt}: {r.error}" for r in results if r.error] +
+               [f"prompt {i}: tokens differ from the plain server" for i in mismatched])
+
+
+def print_table(rows: list[Row], n: int, in_flight: int, out=sys.stdout) -> None:
+    head = ("backend", "engine", "ok", "failed", "MB moved", "transfers", "transfer ms",
+            "TTFT p50 ms", "TTFT p99 ms", "wall s")
+    lines = [head] + [(r.backend, r.engine, str(r.ok), str(r.failed), f"{r.mb:.3f}",
+                       str(r.transfers), f"{r.transfer_ms_mean:.2f}", f"{r.ttft_p50_ms:.0f}",
+                       f"{r.ttft_p99_ms:.0f}", f"{r.wall_s:.1f}") for r in rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    print(f"pdc sglang-demo: {n} prompts, {in_flight} in flight, tokens checked against a "
+          "plain SGLang server (transfer ms: mean per request, from SGLang's "
+          "sglang:kv_transfer_latency_ms)", file=out)
+    for i, line in enumerate(lines):
+        print("  " + "  ".join(c.rjust(w) if j >= 2 else c.ljust(w)
+                               for j, (c, w) in enumerate(zip(line, widths, strict=True))),
+              file=out)
+        if i == 0:
+            print("  " + "  ".join("-" * w for w in widths), file=out)
+    for r in rows:
+        for e in r.errors[:10]:
+            print(f"  FAILED {r.backend}/{r.engine} {e}", file=out)
+
+
+def run_demo(prompts: int, engine: str, compare: bool, in_flight: int, new_tokens: int,
+             seed: int, keep: bool) -> int:
+    python = H.sglang_python()
+    if python is None:
+        print("pdc sglang-demo: error: no SGLang environment; run scripts/install-sglang.sh "
+              "(or set PDC_SGLANG_PYTHON)", file=sys.stderr)
+        return 2
+    workdir = tempfile.mkdtemp(prefix="pdc-sglang-demo-")
+    try:
+        model = H.make_tiny_model(python, f"{workdir}/tiny-llama")
+        batch = H.mixed_prompts(prompts, seed)
+        print(f"pdc sglang-demo: {prompts} prompts of {min(map(len, batch))}.."
+              f"{max(map(len, batch))} tokens ({H.CHUNK_TOKENS}-token chunks, "
+              f"{H.PAGE_SIZE}-token pages), {new_tokens} greedy tokens each; logs in {workdir}",
+              file=sys.stderr)
+        print("pdc sglang-demo: starting a plain server for the reference tokens ...",
+              file=sys.stderr)
+        plain = H.start_plain(python, model, workdir)
+        try:
+            ref = H.run_prompts(plain.url, batch, new_tokens, in_flight,
+                                on_done=_progress("plain", len(batch)))
+        finally:
+            plain.stop()
+        bad = [r for r in ref if r.error]
+        if bad:
+            print(f"pdc sglang-demo: error: the plain server failed prompt {bad[0].prompt}: "
+                  f"{bad[0].error}", file=sys.stderr)
+            return 1
+        reference = [r.tokens for r in ref]
+        rows = [run_pair(python, model, workdir, "pdc", engine, batch, reference, new_tokens,
+                         in_flight)]
+        if compare:
+            rows.append(run_pair(python, model, workdir, "mooncake", "mooncake", batch,
+                                 reference, new_tokens, in_flight))
+        print_table(rows, prompts, in_flight)
+        return 0 if all(r.failed == 0 for r in rows) else 1
+    except H.HarnessError as e:
+        print(f"pdc sglang-demo: error: {e}", file=sys.stderr)
+        keep = True
+        return 1
+    finally:
+        if keep:
+            print(f"pdc sglang-demo: logs kept in {workdir}", file=sys.stderr)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)

@@ -1,0 +1,335 @@
+"""Real SGLang servers as subprocesses, for `pdc sglang-demo` and the SGLang tests.
+
+Everything SGLang runs in the SGLang environment that scripts/install-sglang.sh builds (a
+venv outside the clone; `sglang_python()` finds it). This module itself imports no SGLang:
+it starts servers, waits for them, sends token-id prompts over HTTP and reads /metrics.
+
+CPU settings (../shared/reference/sglang-on-cpu.md, docs/sglang.md): SGLANG_USE_CPU_ENGINE=1
+(SGLang's CPU paths), SGLANG_HOST_IP=127.0.0.1 (bootstrap and engines on loopback),
+MOONCAKE_PROTOCOL=tcp, SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX=0 (its early send of a
+cached prefix calls torch.cuda.Event on the overlap scheduler), and decode's
+`--disaggregation-decode-retraction-backup cpu_tensor` (the default host pool needs CUDA).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# The tiny random-weight Llama that specs/sglang-tiny-llama.yaml describes.
+TINY_LLAMA = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
+PAGE_SIZE = 16  # the spec's page_size
+CHUNK_TOKENS = 64  # --chunked-prefill-size: a 300-token prompt is 5 chunks
+CPU_ENV = {
+    "SGLANG_USE_CPU_ENGINE": "1",
+    "SGLANG_HOST_IP": "127.0.0.1",
+    "MOONCAKE_PROTOCOL": "tcp",
+    "MC_TCP_ENABLE_CONNECTION_POOL": "true",
+    "SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX": "0",
+    "OMP_NUM_THREADS": "1",  # two servers on a 2-core box; one thread each is deterministic
+    "NO_PROXY": "127.0.0.1,localhost",
+}
+
+
+class HarnessError(RuntimeError):
+    """A server did not start or answer; the message names it and its log."""
+
+
+def sglang_python() -> str | None:
+    """The SGLang environment's interpreter: $PDC_SGLANG_PYTHON, else the venv that
+    scripts/install-sglang.sh linked as sglang-current in the cache folder."""
+    explicit = os.environ.get("PDC_SGLANG_PYTHON")
+    if explicit:
+        return explicit if os.path.exists(explicit) else None
+    cache = Path(os.environ.get("PDC_CACHE_DIR", Path.home() / ".cache" / "pdc"))
+    python = cache / "sglang-current" / "bin" / "python"
+    return str(python) if (cache / "sglang-current" / ".pdc-complete").exists() and \
+        python.exists() else None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_tiny_model(python: str, out_dir: str) -> str:
+    """Write the tiny Llama (safetensors + config, no tokenizer) with the SGLang env's
+    transformers; seed 0, so every run serves the same weights."""
+    code = (
+        "import sys, torch\n"
+        "from transformers import LlamaConfig, LlamaForCausalLM\n"
+        f"cfg = LlamaConfig(**{TINY_LLAMA!r}, torch_dtype='bfloat16', bos_token_id=1, "
+        "eos_token_id=2)\n"
+        "torch.manual_seed(0)\n"
+        "LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(sys.argv[1])\n"
+    )
+    subprocess.run([python, "-c", code, out_dir], check=True, capture_output=True, timeout=300)
+    return out_dir
+
+
+@dataclass
+class Server:
+    name: str
+    url: str
+    proc: subprocess.Popen
+    log: str
+
+    def tail(self, lines: int = 30) -> str:
+        try:
+            with open(self.log, errors="replace") as f:
+                text = [ln for ln in f.read().splitlines() if "Warning" not in ln]
+            return "\n".join(text[-lines:])
+        except OSError:
+            return ""
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                return
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+
+
+def _spawn(name: str, argv: list[str], log_dir: str, env: dict[str, str]) -> subprocess.Popen:
+    log = os.path.join(log_dir, f"{name}.log")
+    with open(log, "w") as f:
+        return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+
+
+def start_server(python: str, model: str, name: str, log_dir: str, *, mode: str = "null",
+                 backend: str = "pdc", bootstrap_port: int = 0, engine: str = "mooncake",
+                 extra_env: dict | None = None, metrics: bool = True,
+                 extra_args: tuple[str, ...] = ()) -> Server:
+    """One SGLang server (plain, prefill or decode); returns at once, see wait_ready."""
+    port = free_port()
+    argv = [python, "-m", "sglang.launch_server", "--model-path", model, "--device", "cpu",
+            "--skip-tokenizer-init", "--attention-backend", "torch_native",
+            "--sampling-backend", "pytorch", "--dtype", "bfloat16",
+            "--max-total-tokens", "8192", "--max-running-requests", "16",
+            "--chunked-prefill-size", str(CHUNK_TOKENS), "--page-size", str(PAGE_SIZE),
+            "--host", "127.0.0.1", "--port", str(port), "--log-level", "info"]
+    if metrics:
+        argv.append("--enable-metrics")
+    if mode != "null":
+        argv += ["--disaggregation-mode", mode, "--disaggregation-transfer-backend", backend,
+                 "--disaggregation-bootstrap-port", str(bootstrap_port)]
+        if mode == "decode":
+            argv += ["--disaggregation-decode-retraction-backup", "cpu_tensor"]
+    argv += list(extra_args)
+    env = dict(os.environ, **CPU_ENV, PDC_SGLANG_ENGINE=engine, **(extra_env or {}))
+    proc = _spawn(name, argv, log_dir, env)
+    return Server(name, f"http://127.0.0.1:{port}", proc, os.path.join(log_dir, f"{name}.log"))
+
+
+def start_router(python: str, prefill: Server, bootstrap_port: int, decode: Server,
+                 log_dir: str) -> Server:
+    port = free_port()
+    argv = [python, "-m", "sglang_router.launch_router", "--pd-disaggregation", "--mini-lb",
+            "--prefill", prefill.url, str(bootstrap_port), "--decode", decode.url,
+            "--host", "127.0.0.1", "--port", str(port)]
+    proc = _spawn("router", argv, log_dir, dict(os.environ, **CPU_ENV))
+    return Server("router", f"http://127.0.0.1:{port}", proc, os.path.join(log_dir, "router.log"))
+
+
+def _get(url: str, timeout_s: float = 5.0) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout_s) as r:
+        return r.read()
+
+
+def wait_ready(servers: list[Server], timeout_s: float, path: str = "/model_info") -> None:
+    deadline = time.monotonic() + timeout_s
+    pending = list(servers)
+    while pending:
+        for s in list(pending):
+            if not s.alive():
+                raise HarnessError(f"{s.name} exited with {s.proc.returncode} while starting; "
+                                   f"{s.log}:\n{s.tail()}")
+            try:
+                _get(s.url + path, 2.0)
+                pending.remove(s)
+            except (urllib.error.URLError, OSError):
+                pass
+        if pending and time.monotonic() > deadline:
+            raise HarnessError(f"{', '.join(s.name for s in pending)} not ready within "
+                               f"{timeout_s:.0f} s; {pending[0].log}:\n{pending[0].tail()}")
+        if pending:
+            time.sleep(1.0)
+
+
+@dataclass
+class Result:
+    prompt: int
+    tokens: list[int] = field(default_factory=list)
+    ttft_s: float = 0.0
+    total_s: float = 0.0
+    error: str = ""
+
+
+def generate(url: str, input_ids: list[int], max_new_tokens: int, *, index: int = 0,
+             timeout_s: float = 120.0, extra: dict | None = None,
+             disconnect_after_s: float | None = None) -> Result:
+    """Greedy generation of one prompt, streamed so that the first token's time is seen.
+    With `disconnect_after_s` the client hangs up then (error "disconnected by the client")."""
+    body = {"input_ids": input_ids, "stream": True,
+            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0,
+                                "ignore_eos": True}}
+    body.update(extra or {})
+    req = urllib.request.Request(url + "/generate", json.dumps(body).encode(),
+                                 {"content-type": "application/json"})
+    res = Result(index)
+    t0 = time.monotonic()
+    read_timeout = timeout_s if disconnect_after_s is None else max(disconnect_after_s, 0.01)
+    try:
+        with urllib.request.urlopen(req, timeout=read_timeout) as r:
+            for raw in r:
+                if disconnect_after_s is not None and \
+                        time.monotonic() - t0 > disconnect_after_s:
+                    res.error = "disconnected by the client"
+                    break
+                line = raw.decode(errors="replace").strip()
+                if not line.startswith("data:") or line == "data: [DONE]":
+                    continue
+                msg = json.loads(line[5:])
+                if "error" in msg:
+                    res.error = str(msg["error"])[:300]
+                    break
+                if not res.ttft_s:
+                    res.ttft_s = time.monotonic() - t0
+                res.tokens = list(msg.get("output_ids", res.tokens))
+                finish = (msg.get("meta_info") or {}).get("finish_reason") or {}
+                if finish.get("type") == "abort":
+                    res.error = str(finish.get("message", "aborted"))[:300]
+    except urllib.error.HTTPError as e:
+        res.error = f"HTTP {e.code}: {e.read().decode(errors='replace')[:300]}"
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        if disconnect_after_s is not None and isinstance(e, TimeoutError | socket.timeout):
+            res.error = "disconnected by the client"
+        else:
+            res.error = f"{type(e).__name__}: {e}"[:300]
+    res.total_s = time.monotonic() - t0
+    return res
+
+
+def run_prompts(url: str, prompts: list[list[int]], max_new_tokens: int, in_flight: int,
+                on_done=None, timeout_s: float = 120.0) -> list[Result]:
+    """Every prompt, `in_flight` at a time; results in prompt order."""
+    results: list[Result | None] = [None] * len(prompts)
+    lock = threading.Lock()
+    next_index = [0]
+
+    def worker():
+        while True:
+            with lock:
+                i = next_index[0]
+                next_index[0] += 1
+            if i >= len(prompts):
+                return
+            results[i] = generate(url, prompts[i], max_new_tokens, index=i, timeout_s=timeout_s)
+            if on_done is not None:
+                on_done(results[i])
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(in_flight)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def mixed_prompts(n: int, seed: int = 0, vocab: int = 512) -> list[list[int]]:
+    """n prompts of mixed lengths: single pages, partial pages and several chunks."""
+    import random
+
+    lengths = (7, 300, 64, 17, 200, 130, 33, 257, 96, 150, 1, 250, 48, 190, 80, 275)
+    rng = random.Random(seed)
+    return [[rng.randrange(3, vocab) for _ in range(lengths[i % len(lengths)])]
+            for i in range(n)]
+
+
+def metrics(url: str) -> dict[str, float]:
+    """Prometheus text of a server's /metrics as {name{labels}: value} (samples summed
+    over label sets that differ only in tp/pp/dp rank are left separate)."""
+    out: dict[str, float] = {}
+    for line in _get(url + "/metrics", 10.0).decode().splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, value = line.rpartition(" ")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            continue
+    return out
+
+
+def metric_sum(samples: dict[str, float], name: str) -> float:
+    """Sum of every sample of `name` (all label sets)."""
+    return sum(v for k, v in samples.items() if k == name or k.startswith(name + "{"))
+
+
+@dataclass
+class PDPair:
+    """A prefill server, a decode server and SGLang's router, started together."""
+
+    prefill: Server
+    decode: Server
+    router: Server
+    bootstrap_port: int
+    log_dir: str
+
+    @classmethod
+    def start(cls, python: str, model: str, log_dir: str, *, backend: str = "pdc",
+              engine: str = "mooncake", timeout_s: float = 600.0,
+              prefill_env: dict | None = None, decode_env: dict | None = None) -> PDPair:
+        bport = free_port()
+        prefill = start_server(python, model, f"{backend}-{engine}-prefill", log_dir,
+                               mode="prefill", backend=backend, bootstrap_port=bport,
+                               engine=engine, extra_env=prefill_env)
+        decode = start_server(python, model, f"{backend}-{engine}-decode", log_dir,
+                              mode="decode", backend=backend, bootstrap_port=bport,
+                              engine=engine, extra_env=decode_env)
+        pair = None
+        try:
+            wait_ready([prefill, decode], timeout_s)
+            router = start_router(python, prefill, bport, decode, log_dir)
+            pair = cls(prefill, decode, router, bport, log_dir)
+            wait_ready([router], 120.0, path="/v1/models")
+            return pair
+        except BaseException:
+            for s in (prefill, decode) + ((pair.router,) if pair else ()):
+                s.stop()
+            raise
+
+    def stop(self) -> None:
+        for s in (self.router, self.decode, self.prefill):
+            s.stop()
+
+
+def start_plain(python: str, model: str, log_dir: str, timeout_s: float = 600.0,
+                extra_args: tuple[str, ...] = ()) -> Server:
+    plain = start_server(python, model, "plain", log_dir, metrics=False, extra_args=extra_args)
+    try:
+        wait_ready([plain], timeout_s)
+    except BaseException:
+        plain.stop()
+        raise
+    return plain

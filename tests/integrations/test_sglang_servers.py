@@ -1,0 +1,183 @@
+"""pdc inside real SGLang 0.5.23 servers: a prefill and a decode server (separate processes,
+`--disaggregation-transfer-backend pdc`) behind SGLang's router, against a plain server.
+
+Needs the SGLang environment of scripts/install-sglang.sh (CI builds it); skipped with that
+reason when it is absent. Lean on purpose (CI budget): one tiny random-weight Llama, one plain
+server for the reference tokens (stopped before the pairs start), one PD pair per engine
+shared by every test of that engine.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+import time
+import urllib.error
+
+import pytest
+
+from pdc import sglang_harness as H
+
+PYTHON = H.sglang_python()
+pytestmark = [
+    pytest.mark.sglang,
+    pytest.mark.skipif(PYTHON is None, reason="no SGLang environment: run "
+                       "scripts/install-sglang.sh (CI does)"),
+]
+
+NEW_TOKENS = 16
+PROMPTS = H.mixed_prompts(10, seed=1)  # 1 .. 300 tokens: up to 5 chunks of 64, 16-token pages
+BAD_PAGE_ROOM = 7_000_001  # faults.py: the last chunk names a page beyond the KV capacity
+EXTRA_PAGE_ROOM = 7_000_002  # faults.py: the last chunk carries one page too many
+FAULTS = f"page_out_of_range@{BAD_PAGE_ROOM},extra_page@{EXTRA_PAGE_ROOM}"
+
+
+@pytest.fixture(scope="module")
+def workdir():
+    d = tempfile.mkdtemp(prefix="pdc-sglang-")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def model(workdir):
+    return H.make_tiny_model(PYTHON, f"{workdir}/tiny-llama")
+
+
+@pytest.fixture(scope="module")
+def reference(model, workdir):
+    """Greedy tokens of a plain (non-PD) SGLang server for every prompt."""
+    plain = H.start_plain(PYTHON, model, workdir)
+    try:
+        results = H.run_prompts(plain.url, PROMPTS, NEW_TOKENS, in_flight=4)
+    finally:
+        plain.stop()
+    assert [r.error for r in results] == [""] * len(PROMPTS)
+    return [r.tokens for r in results]
+
+
+@pytest.fixture(scope="module", params=["mooncake", "nixl"])
+def pair(request, model, workdir, reference):
+    p = H.PDPair.start(PYTHON, model, workdir, engine=request.param,
+                       prefill_env={"PDC_SGLANG_FAULTS": FAULTS})
+    yield p
+    p.stop()
+
+
+def _direct(pair: H.PDPair, prompt: list[int], room: int, timeout_s: float = 120.0):
+    """One request sent to prefill and decode directly (as the router does), with our room."""
+    extra = {"bootstrap_host": "127.0.0.1", "bootstrap_port": pair.bootstrap_port,
+             "bootstrap_room": room}
+    out = {}
+
+    def post(name, url):
+        out[name] = H.generate(url, prompt, NEW_TOKENS, timeout_s=timeout_s, extra=extra)
+
+    threads = [threading.Thread(target=post, args=a)
+               for a in (("prefill", pair.prefill.url), ("decode", pair.decode.url))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out["prefill"], out["decode"]
+
+
+def test_pd_pair_is_token_identical_to_a_plain_server(pair, reference):
+    results = H.run_prompts(pair.router.url, PROMPTS, NEW_TOKENS, in_flight=4)
+    assert [r.error for r in results] == [""] * len(PROMPTS)
+    mismatched = [i for i, (r, ref) in enumerate(zip(results, reference, strict=True))
+                  if r.tokens != ref]
+    assert mismatched == []
+    assert all(len(r.tokens) == NEW_TOKENS for r in results)
+
+
+@pytest.mark.parametrize("room, reason", [
+    (BAD_PAGE_ROOM, "is outside the registered capacity"),
+    (EXTRA_PAGE_ROOM, "exceed the"),
+])
+def test_wrong_page_list_fails_that_request_with_pdc_reason(pair, reference, room, reason):
+    prefill, decode = _direct(pair, PROMPTS[1], room)
+    assert decode.error and reason in decode.error, decode.error
+    assert prefill.error, "prefill reported success for a request pdc refused"
+    # the next request is untouched
+    after = H.generate(pair.router.url, PROMPTS[2], NEW_TOKENS)
+    assert (after.error, after.tokens) == ("", reference[2])
+
+
+def _used_tokens(url: str) -> float:
+    return H.metric_sum(H.metrics(url), "sglang:num_used_tokens")
+
+
+def test_client_disconnect_mid_transfer_leaks_no_pages(pair, reference):
+    # Fresh 300-token prompts (five chunked-prefill chunks, nothing cached), the client hanging
+    # up at several points of the prefill forward and its transfer.
+    fresh = H.mixed_prompts(2, seed=99)[1]
+    for i, after_s in enumerate((0.0, 0.1, 0.3, 0.6)):
+        prompt = [(t + i) % 509 + 3 for t in fresh]
+        cut = H.generate(pair.router.url, prompt, 200, disconnect_after_s=after_s)
+        assert cut.error == "disconnected by the client"
+    # Both sides free every page once the aborted requests drained (SGLang's own idle
+    # self-check also fails the scheduler on a leak); prefill's radix cache is flushed first.
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            H._get(pair.prefill.url + "/flush_cache", 10.0)
+        except urllib.error.HTTPError:  # 400 while aborted requests still drain: retry
+            pass
+        used = (_used_tokens(pair.prefill.url), _used_tokens(pair.decode.url))
+        if used == (0.0, 0.0) or time.monotonic() > deadline:
+            break
+        time.sleep(1.0)
+    assert used == (0.0, 0.0)
+    after = H.run_prompts(pair.router.url, PROMPTS[:4], NEW_TOKENS, in_flight=4)
+    assert [(r.error, r.tokens) for r in after] == [("", t) for t in reference[:4]]
+
+
+def test_transfer_metrics_reach_sglang_metrics(pair, reference):
+    before = H.metrics(pair.prefill.url)
+    results = H.run_prompts(pair.router.url, PROMPTS[:4], NEW_TOKENS, in_flight=4)
+    assert [r.error for r in results] == [""] * 4
+    after = H.metrics(pair.prefill.url)
+
+    def delta(name):
+        return H.metric_sum(after, name) - H.metric_sum(before, name)
+
+    assert delta("sglang:kv_transfer_latency_ms_count") == 4
+    assert delta("sglang:kv_transfer_total_mb_count") == 4
+    # bytes: every page of the four prompts (K and V of 2 layers, 1 KiB per page each) plus
+    # the aux row, as pdc counted them
+    pages = sum(-(-len(p) // H.PAGE_SIZE) for p in PROMPTS[:4])
+    aux_row = 3 * 64 + 2 * 64 + 512 + 512 + 128 + 64 + 64
+    assert delta("sglang:kv_transfer_total_mb_sum") == pytest.approx(
+        (pages * 4 * 1024 + 4 * aux_row) / (1024 * 1024), rel=1e-6)
+    assert delta("sglang:kv_transfer_latency_ms_sum") > 0
+
+
+def test_prefill_death_fails_the_waiting_request_within_the_heartbeat_time(pair, reference):
+    """Last test of each pair: it kills the prefill server."""
+    import os
+    import signal
+
+    from pdc.runtime import knobs
+
+    # A request decode holds (its transfer request sent) that prefill never started: only
+    # prefill's death can end it early, through pdc's heartbeats.
+    extra = {"bootstrap_host": "127.0.0.1", "bootstrap_port": pair.bootstrap_port,
+             "bootstrap_room": 7_000_003}
+    box = {}
+    waiter = threading.Thread(target=lambda: box.setdefault("r", H.generate(
+        pair.decode.url, PROMPTS[4], NEW_TOKENS, extra=extra, timeout_s=300)))
+    waiter.start()
+    time.sleep(3.0)  # decode bootstraps the request and sends its transfer request
+    os.killpg(pair.prefill.proc.pid, signal.SIGKILL)
+    t_kill = time.monotonic()
+    waiter.join(timeout=120)
+    assert not waiter.is_alive()
+    failed_after_s = time.monotonic() - t_kill
+    dead_after_s = knobs.get("peer_dead_after_s")
+    assert "silent for" in box["r"].error, box["r"].error
+    # pdc's heartbeat bound plus SGLang's polling, far below its 300 s bootstrap timeout and
+    # pdc's 60 s transfer deadline
+    assert failed_after_s < dead_after_s + 20
+    assert pair.decode.alive()
