@@ -543,6 +543,31 @@ def _parity_arg_problem(args) -> tuple[str, str] | None:
     return None
 
 
+def _progress_printer(command: str):
+    """Progress of a long command on stderr: one line per phase, with seconds since start;
+    on a terminal each line replaces the last (rich), in a log one plain line each."""
+    import time
+
+    t0 = time.monotonic()
+    if sys.stderr.isatty():
+        from rich.console import Console
+
+        console = Console(stderr=True)
+        status = console.status(f"pdc {command}: starting")
+        status.start()
+
+        def show(text: str) -> None:
+            status.update(f"pdc {command}: {text} ({time.monotonic() - t0:.1f} s)")
+            if text.startswith("decode model"):
+                status.stop()
+        return show
+
+    def plain(text: str) -> None:
+        print(f"pdc {command}: {time.monotonic() - t0:6.1f} s  {text}", file=sys.stderr,
+              flush=True)
+    return plain
+
+
 # Caps of `pdc demo` (Note [Spec limits]): each rank is a process on this machine.
 MAX_DEMO_PROCESSES = 64
 MAX_DEMO_REQUESTS = 100_000
@@ -668,7 +693,7 @@ def cmd_parity(args: argparse.Namespace) -> int:
     bad = _parity_arg_problem(args)
     if bad:
         return _usage_error("parity", *bad, False)
-    with ParityWorkers(threads=args.threads) as workers:
+    with ParityWorkers(threads=args.threads, progress=_progress_printer("parity")) as workers:
         return run_parity(args.specs, args.prefill, args.decode, args.engine, args.dtype,
                           workers=workers, tokens=args.tokens, chunk_tokens=args.chunk,
                           steps=args.steps, seed=args.seed, timeout_s=args.timeout,

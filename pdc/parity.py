@@ -392,8 +392,11 @@ class ParityWorkers:
     """A reusable set of worker processes; cases borrow as many as their topology needs
     (more are started on demand). Use as a context manager, or call close()."""
 
-    def __init__(self, threads: int = DEFAULT_THREADS):
+    def __init__(self, threads: int = DEFAULT_THREADS, progress=None):
         self.threads = threads
+        # progress(text): called at each phase of a case (workers up, ranks ready, prefill
+        # and decode done, the model's verdict), so a caller can show where a run is.
+        self.progress = progress or (lambda text: None)
         self.procs: Processes | None = None
         self.gather_q = None
         self.jobs = 0
@@ -423,8 +426,12 @@ class ParityWorkers:
             i = len(self.procs)
             started.append(self.procs.start(f"worker{i}", _worker_main,
                                              (i, self.gather_q, self.threads)))
-        for _ in started:
+        if started:
+            self.progress(f"starting {len(started)} worker process"
+                          f"{'' if len(started) == 1 else 'es'} (torch and the model)")
+        for k, _ in enumerate(started, 1):
             self._get("up", timeout)
+            self.progress(f"worker {k} of {len(started)} up")
 
     def _get(self, kind: str, timeout: float, job: int | None = None):
         msg = self.procs.get(timeout=timeout)
@@ -464,6 +471,7 @@ class ParityWorkers:
                 self.procs.put(i, ("bootstrap", case.job, boot))
             for _ in involved:
                 self._get("ready", wait, case.job)
+            self.progress(f"{len(involved)} ranks ready; chunked prefill and transfer")
             for i in involved:
                 self.procs.put(i, ("go", case.job))
             n_p = sum(1 for r in case.roles if r[0] == ROLE_PREFILL)
@@ -472,10 +480,13 @@ class ParityWorkers:
                 if msg[0] not in ("prefilled", "decoded") or msg[1] != case.job:
                     raise RankCrash(f"unexpected message {msg[:2]!r}")
                 (out.prefill if msg[0] == "prefilled" else out.decode)[msg[2]] = msg[3]
+                self.progress(f"{'prefill' if msg[0] == 'prefilled' else 'decode'} rank "
+                              f"pp{msg[2][0]}.tp{msg[2][1]} done")
             assert len(out.prefill) == n_p
             leader = out.prefill.get((0, 0))
             first = leader if leader and leader["status"] == "Success" else None
             self.procs.put(case.model_worker, ("model", case.job, first))
+            self.progress("decode model: rebuilding the cache and generating")
             out.model = self._get("model", wait, case.job)[2]
             for i in involved:
                 self.procs.put(i, ("end", case.job))
@@ -747,7 +758,9 @@ def run_parity(specs: list[str], prefill: str = "tp=1", decode: str = "tp=1",
                   f"{', '.join(unknown)}", file=err)
             return 1
     own = workers is None
-    workers = workers or ParityWorkers()
+    # `is None`, not `or`: a fresh ParityWorkers has no processes yet, so len() 0 is falsy,
+    # and `or` silently replaced the caller's (its --threads and progress were lost).
+    workers = workers if workers is not None else ParityWorkers()
     ok = True
     first_case = len(workers) < 2
     try:

@@ -12,6 +12,7 @@ export (pdc.parity.judge). One set of worker processes serves every case of this
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -179,7 +180,8 @@ def test_cli_runs_several_specs_and_fails_when_one_fails(capsys):
     the plan fails (--drop applies to the specs that have the component); exit status 1."""
     rc, out, err = _cli(capsys, spec("hf-mistral-sw"), spec("hf-qwen3-next"), "--engine", "nixl",
                         "--dtype", "bfloat16", "--drop", "gdn_conv")
-    assert (rc, err) == (1, "")
+    assert rc == 1  # stderr holds only progress, one plain line per phase (not a terminal)
+    assert err and all(re.match(r"pdc parity: +\d+\.\d s  \S", line) for line in err.splitlines())
     mistral, qwen = out.split("pdc parity: ")[1:]
     assert mistral.splitlines()[:2] == [
         "hf-mistral-sw (mistral_sw, bfloat16) prefill tp=1,pp=1,dp=1,page_size=4 -> decode "
@@ -196,3 +198,20 @@ def test_prepare_rejects_before_starting_processes():
     with pytest.raises(ParityError, match="no transformers binding"):
         prepare(str(SPECS / "llama3-70b.yaml"), "tp=1", "tp=1", "mooncake", None, w)
     assert len(w) == 0  # nothing was spawned
+
+
+def test_progress_names_every_phase_of_a_case(workers):
+    """`pdc parity` shows where a run is (ParityWorkers.progress): ranks ready, each rank's
+    prefill or decode done, the decode model at work."""
+    seen: list[str] = []
+    workers.progress = seen.append
+    try:
+        _, _, verdict = run_case(workers, "hf-llama", "tp=2", "tp=1", "mooncake")
+    finally:
+        workers.progress = lambda text: None
+    assert verdict.ok
+    phases = [s for s in seen if not s.startswith(("starting", "worker"))]
+    assert phases[0] == "3 ranks ready; chunked prefill and transfer"
+    assert sorted(phases[1:4]) == ["decode rank pp0.tp0 done", "prefill rank pp0.tp0 done",
+                                   "prefill rank pp0.tp1 done"]
+    assert phases[4:] == ["decode model: rebuilding the cache and generating"]
