@@ -106,8 +106,9 @@ def table(rows: list[dict], cols: list[tuple[str, str, str]]) -> None:
 # ~~~ plans ~~~
 
 
-def llama_plan(prefill_tp: int, decode_tp: int, page_size: int = 16):
-    """(layout, plan) of Llama-3-70B for prefill TP -> decode TP over the local backend.
+def llama_plan(prefill_tp: int, decode_tp: int, page_size: int = 16, backend: str = "local"):
+    """(layout, plan) of Llama-3-70B for prefill TP -> decode TP over `backend` (an endpoint
+    refuses a plan lowered for another engine, Note [Plan backend]).
 
     At the spec's own page size 16 the family comes from its generated module, as a serving
     process gets it (no compiler needed on a bare GPU image); another page size changes item
@@ -123,7 +124,7 @@ def llama_plan(prefill_tp: int, decode_tp: int, page_size: int = 16):
 
         family = family_of(load_spec(str(LLAMA_SPEC), {"page_size": page_size}))
     side = f"page_size={page_size},tp="
-    plan = family.plan_for(f"{side}{prefill_tp}", f"{side}{decode_tp}", "local")
+    plan = family.plan_for(f"{side}{prefill_tp}", f"{side}{decode_tp}", backend)
     return family.layout, plan
 
 

@@ -132,13 +132,14 @@ def _prefill(conn, a: dict, case: str) -> None:
     from pdc.runtime import integrity, knobs
     from pdc.runtime.datapath import component_pairs
     from pdc.runtime.endpoints import KVPoll, PrefillEndpoint
+    from pdc.runtime.engines import plan_backend
     from pdc.runtime.indices import DecodeTarget, PrefillChunk
     from pdc.runtime.plan_types import RankId
     from pdc.runtime.pools import Capacity
 
     knobs.override(**_knobs(a["tokens"]))
     ptp, dtp = CASES[case]
-    layout, plan = C.llama_plan(ptp, dtp)
+    layout, plan = C.llama_plan(ptp, dtp, backend=plan_backend(a["engine"]))
     wire = importlib.import_module("pdc.generated.llama3_70b.wire")
     ps = plan.topology.prefill.page_size
     n = -(-a["tokens"] // ps)
@@ -233,6 +234,7 @@ def run_case(args, case: str, rows, checks) -> None:
     from pdc.runtime.control import BootstrapServer
     from pdc.runtime.datapath import component_pairs
     from pdc.runtime.endpoints import DecodeEndpoint, KVPoll
+    from pdc.runtime.engines import plan_backend
     from pdc.runtime.indices import DecodeTarget, PrefillChunk
     from pdc.runtime.plan_types import RankId
     from pdc.runtime.pools import Capacity
@@ -240,7 +242,7 @@ def run_case(args, case: str, rows, checks) -> None:
     knobs.reset()
     knobs.override(**_knobs(args.tokens))
     ptp, dtp = CASES[case]
-    layout, plan = C.llama_plan(ptp, dtp)
+    layout, plan = C.llama_plan(ptp, dtp, backend=plan_backend(args.engine))
     wire = importlib.import_module("pdc.generated.llama3_70b.wire")
     ps = plan.topology.prefill.page_size
     n = -(-args.tokens // ps)

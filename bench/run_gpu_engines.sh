@@ -12,7 +12,8 @@
 # ENGINES (default cuda_ipc,mooncake,nixl), TOKENS (default 8192,1024), REPS (default 5),
 # PER_ENGINE_S (default 240), RUN_GPU_TESTS (default 1). Writes OUT/env.txt, OUT/log.txt,
 # OUT/endpoints_processes_<engine>.json and OUT/gpu_tests.txt (TESTS_S bounds the tests,
-# TESTS_K selects them as pytest -k does).
+# TESTS_K selects them as pytest -k does). BENCH_WRAP prefixes the bench's command, e.g. a
+# sampling profiler: BENCH_WRAP="py-spy record --subprocesses --threads --format raw -o F --".
 set -u
 OUT=${1:?usage: run_gpu_engines.sh OUT [PACKAGES]}
 PKG=${2:-.whl}
@@ -61,7 +62,7 @@ PRE=${DEVICES%,*}
 DEC=${DEVICES#*,}
 for engine in ${ENGINES//,/ }; do
   echo "=== $engine $(date -u +%T)"
-  timeout "${PER_ENGINE_S:-240}" python3 bench/endpoints_processes.py --engines "$engine" \
+  timeout "${PER_ENGINE_S:-240}" ${BENCH_WRAP:-} python3 bench/endpoints_processes.py --engines "$engine" \
     --prefill-device "$PRE" --decode-device "$DEC" --tokens-list "${TOKENS:-8192,1024}" \
     --reps "${REPS:-5}" --json "$OUT/endpoints_processes_$engine.json"
   echo "=== $engine exit $? $(date -u +%T)"

@@ -109,12 +109,16 @@ def check_backend(plan: Plan, engine: TransferEngine) -> None:
     heterogeneous attention TP, MORI refuses PP), so a plan lowered for Mooncake and run over
     NIXL would bypass NIXL's refusal. Each endpoint refuses a plan for another engine before
     it registers anything; the plan digest exchanged in the handshake covers the backend, so
-    two sides that pass this check with different plans are refused there.
+    two sides that pass this check with different plans are refused there. An engine names
+    the backend its plans use (`TransferEngine.backend`): its own name, or "local" for
+    cuda_ipc, which moves any descriptor list within one host as the local engines do.
     """
-    if plan.topology.backend != engine.name:
+    if plan.topology.backend != engine.backend:
+        runs = f"'{engine.name}'" if engine.backend == engine.name else \
+            f"'{engine.name}' (plans for '{engine.backend}')"
         raise ValueError(
             f"the plan was lowered for backend '{plan.topology.backend}' but this endpoint's "
-            f"engine is '{engine.name}'; hint: lower the plan for '{engine.name}' (its "
+            f"engine is {runs}; hint: lower the plan for '{engine.backend}' (its "
             "backend rules may refuse this topology) or run the "
             f"'{plan.topology.backend}' engine")
 

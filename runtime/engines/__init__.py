@@ -38,6 +38,12 @@ def engine_class(name: str) -> type[TransferEngine]:
     return getattr(module, class_name)
 
 
+def plan_backend(name: str) -> str:
+    """The backend a plan for the engine `name` is lowered for (Note [Plan backend])."""
+    cls = engine_class(name)
+    return cls.plan_backend or cls.name
+
+
 def make_engine(name: str, **kwargs: object) -> TransferEngine:
     """Constructs the engine registered under name with the engine's own keyword arguments."""
     return engine_class(name)(**kwargs)
@@ -52,4 +58,5 @@ __all__ = [
     "TransferError",
     "engine_class",
     "make_engine",
+    "plan_backend",
 ]

@@ -86,6 +86,14 @@ class TransportInfo:
 
 class TransferEngine(ABC):
     name: str = "abstract"
+    # The backend whose rules a plan for this engine is lowered under (Note [Plan backend]):
+    # the engine's own name, except for pdc's own engines that move any descriptor list the
+    # way "local" does (cuda_ipc).
+    plan_backend: str = ""
+
+    @property
+    def backend(self) -> str:
+        return self.plan_backend or self.name
 
     def transport(self) -> TransportInfo:
         """Note [Reported transport]; engines override this."""

@@ -184,6 +184,9 @@ class CudaIpcEngine(LocalDeviceEngine):
     """The local device engine, also across processes through CUDA IPC (module docstring)."""
 
     name = "cuda_ipc"
+    # The same copies as the local device engine, only across processes: plans are lowered
+    # under local's rules (no backend limits), Note [Plan backend].
+    plan_backend = "local"
 
     def __init__(self, device: object = "cuda", *, driver=None,
                  copy_engine_bytes: int = descriptor_copy.COPY_ENGINE_BYTES, **kwargs) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from pdc.runtime.endpoints import DecodeEndpoint, PrefillEndpoint
+from pdc.runtime.endpoints import DecodeEndpoint, PrefillEndpoint, check_backend
 from pdc.runtime.engines.local import LocalEngine
 
 from ..compiler.planning import ROOT, plan_for
@@ -32,3 +32,22 @@ def test_the_plan_digest_covers_the_backend():
     _, over_mooncake = plan_for(LLAMA, {"tp": 2}, {"tp": 2}, backend="mooncake")
     _, over_nixl = plan_for(LLAMA, {"tp": 2}, {"tp": 2}, backend="nixl")
     assert over_mooncake.digest() != over_nixl.digest()
+
+
+def test_cuda_ipc_runs_plans_lowered_for_local():
+    from pdc.runtime.engines.cuda_ipc import CudaIpcEngine
+
+    engine = CudaIpcEngine("cpu")
+    try:
+        assert (engine.name, engine.backend) == ("cuda_ipc", "local")
+        _, over_local = plan_for(LLAMA, {"tp": 2}, {"tp": 1}, backend="local")
+        check_backend(over_local, engine)
+        _, over_mooncake = plan_for(LLAMA, {"tp": 2}, {"tp": 1}, backend="mooncake")
+        with pytest.raises(ValueError) as e:
+            check_backend(over_mooncake, engine)
+    finally:
+        engine.close()
+    assert str(e.value) == (
+        "the plan was lowered for backend 'mooncake' but this endpoint's engine is 'cuda_ipc' "
+        "(plans for 'local'); hint: lower the plan for 'local' (its backend rules may refuse "
+        "this topology) or run the 'mooncake' engine")
