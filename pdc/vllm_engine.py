@@ -7,7 +7,8 @@ Run by the vLLM environment's python (Note [vLLM environment]):
 
 It binds a ROUTER socket on a random loopback port, writes the address to --port-file, and
 serves JSON requests: {"op": "generate", "id", "prompt": [token ids], "max_tokens",
-"kv_transfer_params"}, {"op": "abort", "id"}, {"op": "free_blocks"}, {"op": "stop"}. Each
+"kv_transfer_params"}, {"op": "abort", "id"}, {"op": "free_blocks"} (see _block_state),
+{"op": "stop"}. Each
 finished request is answered with {"id", "tokens", "kv_transfer_params", "finish_reason",
 "ttft_s"}. The engine is vLLM's LLMEngine, stepped by this loop (no HTTP server, no
 tokenizer: prompts are token ids).
@@ -77,6 +78,23 @@ def _transfer_of(rid: str) -> dict | None:
     return None
 
 
+def _block_state(engine) -> dict:
+    """vLLM's free blocks and what PdcConnector still holds, for leak checks: `free` counts
+    vLLM's free block queue (of `total`, one of which is vLLM's null block), `requests` the
+    scheduler's live requests, `held` the requests the connector keeps blocks for (prefill:
+    sends not yet done; decode: loads not yet done; both: aborts not yet drained)."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+
+    sched = engine.engine_core.engine_core.scheduler
+    pool = sched.kv_cache_manager.block_pool
+    state = {"free": pool.get_num_free_blocks(), "total": pool.num_gpu_blocks,
+             "requests": len(sched.requests), "held": []}
+    if has_kv_transfer_group():
+        worker = get_kv_transfer_group().worker
+        state["held"] = sorted(set(worker.senders) | set(worker.receivers) | worker.aborting)
+    return state
+
+
 def main(argv=None) -> int:
     if argv is None and len(sys.argv) >= 2 and sys.argv[1] == "--make-model":
         make_model(sys.argv[2], sys.argv[3])
@@ -139,11 +157,7 @@ def main(argv=None) -> int:
                     sock.send_multipart([ident_of, json.dumps(
                         {"id": msg["id"], "aborted": True}).encode()])
             elif op == "free_blocks":
-                sched = engine.engine_core.engine_core.scheduler
-                pool = sched.kv_cache_manager.block_pool
-                sock.send_multipart([ident, json.dumps(
-                    {"free": pool.get_num_free_blocks(), "total": pool.num_gpu_blocks,
-                     "requests": len(sched.requests)}).encode()])
+                sock.send_multipart([ident, json.dumps(_block_state(engine)).encode()])
             continue
         if not busy:
             continue

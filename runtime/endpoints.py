@@ -1724,6 +1724,22 @@ class DecodeReceiver:
             time.sleep(0.002)
         return self.page_state == PageState.REUSABLE
 
+    def cancel(self) -> None:
+        """Give up a request before init(): decode named no page, so nothing of it can be
+        written, but every source is told (Abort), so a prefill rank that already holds the
+        request's KV frees it now instead of at its prefill_room_timeout_s. Then release()."""
+        ep = self.ep
+        with ep.lock:
+            rv = self._rv
+            if rv.requested:
+                raise ValueError(f"room {self.room}: cancel() after init(); use abort()")
+            ep._fail(rv, "cancelled by decode")
+            msg = ep.wire.encode(W.Abort(room=rv.room, generation=rv.generation,
+                                         decode_rank=ep.rank))
+            for name in sorted(rv.expected):
+                ep.hub.send(name, msg)
+            ep.counters["aborts_sent"] += len(rv.expected)
+
     def release(self) -> None:
         """Forget this request. Pages not yet resolved (in use or pending) are quarantined:
         the caller gave up waiting, so it must not reuse them."""

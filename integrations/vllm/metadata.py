@@ -29,9 +29,20 @@ class RecvReq:
     prefill_tp: int
 
 
+@dataclass(frozen=True)
+class CancelReq:
+    """Decode: a request that ended before its load started; prefill may hold its KV."""
+
+    req_id: str
+    room: int
+    bootstrap: str
+    prefill_tp: int
+
+
 @dataclass
 class PdcConnectorMetadata(KVConnectorMetadata):
     bootstrap: str = ""  # prefill: this engine's bootstrap service
     send: list[SendReq] = field(default_factory=list)
     recv: list[RecvReq] = field(default_factory=list)
     abort: list[str] = field(default_factory=list)  # requests whose transfer must end now
+    cancel: list[CancelReq] = field(default_factory=list)  # decode: tell prefill, no blocks

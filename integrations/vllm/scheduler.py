@@ -31,7 +31,7 @@ from typing import Any
 from pdc.runtime.control import BootstrapServer
 from vllm.v1.request import RequestStatus
 
-from .metadata import PdcConnectorMetadata, RecvReq, SendReq
+from .metadata import CancelReq, PdcConnectorMetadata, RecvReq, SendReq
 from .settings import PdcSettings
 
 _DONE = (RequestStatus.FINISHED_LENGTH_CAPPED, RequestStatus.FINISHED_STOPPED)
@@ -64,6 +64,7 @@ class PdcScheduler:
         self._loading: set[str] = set()  # decode: requests whose load the worker started
         self._send_now: list[SendReq] = []
         self._abort: list[str] = []
+        self._cancel: list[CancelReq] = []
 
     def bind(self, kv_manager) -> None:
         self._kv_manager = kv_manager
@@ -117,6 +118,7 @@ class PdcScheduler:
             self._loading.update(self._recv)
             self._recv.clear()
         meta.abort, self._abort = self._abort, []
+        meta.cancel, self._cancel = self._cancel, []
         return meta
 
     def request_finished(self, request, block_ids) -> tuple[bool, dict | None]:
@@ -139,8 +141,16 @@ class PdcScheduler:
                 "pdc_room": room_of(req_id),
                 "pdc_bootstrap": self.bootstrap,
             }
-        if req_id in self._recv:
-            del self._recv[req_id]  # finished before its load started: nothing to undo
+        params = request.kv_transfer_params or {}
+        if req_id in self._recv or params.get("do_remote_prefill"):
+            # Ended before its load started (aborted while waiting to be scheduled): no
+            # block of it was named to prefill, but prefill holds the prompt's KV for it;
+            # the worker tells prefill, which frees it now rather than at its room timeout.
+            self._recv.pop(req_id, None)
+            if "pdc_room" in params:
+                self._cancel.append(CancelReq(req_id, int(params["pdc_room"]),
+                                              str(params["pdc_bootstrap"]),
+                                              int(params.get("tp_size", 1))))
             return False, None
         if req_id in self._loading and request.status == RequestStatus.FINISHED_ABORTED:
             self._loading.discard(req_id)

@@ -73,6 +73,7 @@ class PdcWorker:
         self.aborting: set[str] = set()
         self.receivers: dict[str, tuple] = {}  # req_id -> (receiver, RecvReq, t0)
         self.load_errors: set[int] = set()
+        self.failed_early: set[str] = set()  # load errors reported, blocks still pending
         self.sched_finished: set[str] = set()
         self.stats = PdcConnectorStats()
         self._streaming = False
@@ -132,6 +133,14 @@ class PdcWorker:
             if entry is not None:
                 entry[0].abort(wait=False)
                 self.aborting.add(req_id)
+        for c in meta.cancel:
+            try:
+                rv = self._decode_endpoint(c).receiver(c.room)
+                rv.cancel()
+                rv.release()
+            except Exception as e:  # noqa: BLE001 - prefill then frees it at its room timeout
+                LOG.warning("pdc: request %s: could not tell prefill at %s it was cancelled: "
+                            "%s", c.req_id, c.bootstrap, e)
 
     def _start_recv(self, r: RecvReq) -> None:
         try:
@@ -145,7 +154,7 @@ class PdcWorker:
             return
         self.receivers[r.req_id] = (rv, r, time.monotonic())
 
-    def _decode_endpoint(self, r: RecvReq) -> DecodeEndpoint:
+    def _decode_endpoint(self, r) -> DecodeEndpoint:  # a RecvReq or a CancelReq
         if self.decode_ep is not None:
             if r.bootstrap != self.decode_bootstrap:
                 raise ValueError(f"this decode engine is linked to the prefill engine at "
@@ -162,8 +171,14 @@ class PdcWorker:
         return ep
 
     def _load_failed(self, r: RecvReq) -> None:
-        # Blocks past decode's own prefix were not (all) written: vLLM recomputes or fails
-        # them, by its kv_load_failure_policy; never decodes from them.
+        """Note [Failed load]: blocks past decode's own prefix were not (all) written; they
+        go to vLLM's load-error hook (get_block_ids_with_load_errors), and vLLM fails the
+        request or recomputes them by its kv_load_failure_policy, never decodes from them.
+        The hook is reported as soon as pdc says the load failed (a silent prefill: after
+        peer_dead_after_s), but the request appears in finished_recving only once its blocks
+        are safe to reuse (every prefill rank acked the abort, or abort_ack_timeout_s
+        passed): until then vLLM keeps them, a failed request's blocks being freed only on
+        finished_recving while it waits for remote KV."""
         first = r.prefix_tokens // self.block_size
         self.load_errors.update(r.block_ids[first:])
         self.stats.failed()
@@ -211,9 +226,18 @@ class PdcWorker:
             if state not in _TERMINAL:
                 continue
             if state == KVPoll.Failed and rv.page_state == PageState.PENDING:
-                continue  # a prefill rank may still write: blocks stay until it acked
-            _note(req_id, ok=state == KVPoll.Success, bytes=rv.bytes, reason=rv.reason,
-                  prefix_tokens=r.prefix_tokens, aborted=req_id in self.aborting)
+                # A prefill rank may still write: the blocks stay until it acked (or the ack
+                # timed out), but vLLM learns of the failure now (Note [Failed load]).
+                if req_id not in self.aborting and req_id not in self.failed_early:
+                    LOG.error("pdc: request %s: load failed: %s", req_id, rv.reason)
+                    self._load_failed(r)
+                    self.failed_early.add(req_id)
+                    _note(req_id, ok=False, bytes=rv.bytes, reason=rv.reason,
+                          prefix_tokens=r.prefix_tokens, aborted=False)
+                continue
+            if req_id not in self.failed_early:
+                _note(req_id, ok=state == KVPoll.Success, bytes=rv.bytes, reason=rv.reason,
+                      prefix_tokens=r.prefix_tokens, aborted=req_id in self.aborting)
             if req_id in self.aborting:
                 if req_id not in self.sched_finished:
                     continue
@@ -223,6 +247,9 @@ class PdcWorker:
             elif state == KVPoll.Success:
                 self.stats.record(rv.bytes, 0, 0, t0, time.monotonic())
                 recving.add(req_id)
+            elif req_id in self.failed_early:
+                self.failed_early.discard(req_id)
+                recving.add(req_id)  # reported failed already; now its blocks may go
             else:
                 LOG.error("pdc: request %s: load failed: %s", req_id, rv.reason)
                 self._load_failed(r)

@@ -131,6 +131,26 @@ def test_decode_abort_before_prefill_starts_fails_the_late_sender(pair):
     assert pair.pre.stats()["late_senders"] == 1
 
 
+def test_decode_cancel_before_init_frees_the_prefill_room_at_once(pair):
+    """A decode request that ended before it named its pages (vLLM: aborted while waiting to
+    be scheduled) tells prefill, whose sender ends now instead of at its room timeout."""
+    s = pair.pre.sender(15, 0)
+    send_all(s, [3], 1)  # prefill has the KV and waits for decode's request
+    rv = pair.dec.receiver(15, 0)
+    rv.cancel()
+    assert (rv.poll(), rv.reason, rv.page_state) == (KVPoll.Failed, "cancelled by decode",
+                                                     PageState.REUSABLE)
+    rv.release()
+    wait_for(lambda: s.poll() == KVPoll.Failed, what="the cancelled sender")
+    assert s.reason == "aborted by decode"
+    assert pair.peng.submitted == 0
+    late = pair.dec.receiver(16, 0)
+    late.init([4], 0, slot=1, aux_row=1)
+    with pytest.raises(ValueError, match="room 16: cancel\\(\\) after init\\(\\); use abort\\(\\)"):
+        late.cancel()
+    late.abort()
+
+
 # ~~~ generations ~~~
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 from pdc.integrations.vllm.connector import PdcConnector
-from pdc.integrations.vllm.metadata import PdcConnectorMetadata, RecvReq, SendReq
+from pdc.integrations.vllm.metadata import CancelReq, PdcConnectorMetadata, RecvReq, SendReq
 from pdc.integrations.vllm.scheduler import room_of
 from vllm import SamplingParams
 from vllm.config import (
@@ -260,10 +260,15 @@ def test_decode_abort_while_loading_keeps_blocks_until_drained_then_frees_once(d
 
 
 def test_decode_request_aborted_before_its_load_started_frees_at_once(decode):
+    """No decode block was named to prefill: vLLM frees them now, and the worker is told to
+    cancel the room, so prefill frees the prompt's KV it holds for the request."""
     decode.add_request(request("b", 100, remote_prefill_params("b"), max_tokens=2))
     decode.finish_requests("b", RequestStatus.FINISHED_ABORTED)
     out, _ = step(decode)
-    assert out.kv_connector_metadata.recv == [] and out.kv_connector_metadata.abort == []
+    meta = out.kv_connector_metadata
+    assert meta.recv == [] and meta.abort == []
+    assert meta.cancel == [CancelReq("b", room_of("b"), "tcp://127.0.0.1:1", 1)]
+    assert step(decode)[0].kv_connector_metadata.cancel == []  # told once
     assert_empty(decode)
 
 
@@ -287,3 +292,18 @@ def test_a_failed_load_goes_through_vllms_load_error_hook(model_dir, policy):
         assert_empty(s)
     finally:
         s.connector.shutdown()
+
+
+def test_a_load_failed_before_its_blocks_are_safe_fails_now_and_frees_later(decode):
+    """Note [Failed load]: the worker reports the load error as soon as pdc says the load
+    failed, while a prefill rank may still write the blocks; vLLM fails the request at once
+    but keeps the blocks until the worker reports the request in finished_recving."""
+    decode.add_request(request("b", 100, remote_prefill_params("b"), max_tokens=1))
+    step(decode)
+    _, finished = step(decode, invalid=blocks_of(decode, "b"))
+    assert finished["b"].finish_reason.name == "ERROR"
+    assert free_blocks(decode) == BLOCKS - 1 - 4
+    step(decode)
+    assert free_blocks(decode) == BLOCKS - 1 - 4
+    step(decode, recving={"b"})
+    assert_empty(decode)
