@@ -45,12 +45,17 @@ def read_spec_text(path: str | Path, name: str) -> tuple[str | None, Diagnostic 
 
 
 def parse_spec_text(text: str, path: str, overrides: dict[str, int] | None = None,
-                    dtypes: dict[str, str] | None = None) -> Spec:
+                    dtypes: dict[str, str] | None = None, deployments: bool = True) -> Spec:
     """`overrides` replaces param values (e.g. a deployment's page_size) before modelling;
-    `dtypes` replaces the dtype of names declared in the spec's `dtypes` (e.g. `model`)."""
+    `dtypes` replaces the dtype of names declared in the spec's `dtypes` (e.g. `model`).
+    `deployments=False` leaves the spec's `deployments` out: they name layer ids and sizes
+    of the declared params, which a run with the model scaled down (`pdc parity`'s seed
+    toys) does not have; such a run checks its own topology instead."""
     doc, errors = load_located(text, path)
     if doc is None or errors:
         raise SpecErrors(errors)
+    if not deployments and isinstance(doc.data, dict):
+        doc.data.pop("deployments", None)
     for key, what, given in (("params", "param", overrides), ("dtypes", "dtype", dtypes)):
         if not given or not isinstance(doc.data, dict):
             continue
@@ -74,8 +79,8 @@ def parse_spec_text(text: str, path: str, overrides: dict[str, int] | None = Non
 
 
 def load_spec(path: str | Path, overrides: dict[str, int] | None = None,
-              dtypes: dict[str, str] | None = None) -> Spec:
+              dtypes: dict[str, str] | None = None, deployments: bool = True) -> Spec:
     text, problem = read_spec_text(path, str(path))
     if problem is not None:
         raise SpecErrors([problem])
-    return parse_spec_text(text, str(path), overrides, dtypes)
+    return parse_spec_text(text, str(path), overrides, dtypes, deployments)

@@ -668,6 +668,8 @@ def cmd_sglang_demo(args: argparse.Namespace) -> int:
     arg("--drop", action="append", default=[], metavar="COMPONENT",
         help="negative control: remove COMPONENT from the plan's links (of every SPEC that "
              "has it); parity must fail and name it"),
+    arg("--param", action="append", default=[], metavar="NAME=VALUE",
+        help="override a spec param (over the toy sizes a seed spec's binding scales it to)"),
 )
 def cmd_parity(args: argparse.Namespace) -> int:
     """Run tiny transformers models through pdc and check tokens and logits bit for bit.
@@ -693,11 +695,19 @@ def cmd_parity(args: argparse.Namespace) -> int:
     bad = _parity_arg_problem(args)
     if bad:
         return _usage_error("parity", *bad, False)
+    params = []
+    for text in args.param:
+        name, sep, value = text.partition("=")
+        if not sep or not name.strip() or not value.strip().isdigit():
+            return _usage_error("parity", f"cannot read --param {text}",
+                                "write NAME=VALUE with a param the spec declares and a "
+                                "non-negative integer, e.g. --param num_layers=8", False)
+        params.append((name.strip(), int(value)))
     with ParityWorkers(threads=args.threads, progress=_progress_printer("parity")) as workers:
         return run_parity(args.specs, args.prefill, args.decode, args.engine, args.dtype,
                           workers=workers, tokens=args.tokens, chunk_tokens=args.chunk,
                           steps=args.steps, seed=args.seed, timeout_s=args.timeout,
-                          drop=tuple(args.drop))
+                          drop=tuple(args.drop), params=tuple(params))
 
 
 # ~~~ entry point ~~~

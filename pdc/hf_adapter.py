@@ -17,6 +17,13 @@ pdc.hf_state):
   pages of positions window_first_page(T, W, page_size) .. n_pages - 1 (the window's pages);
   rows of those pages before position T - min(T, W) are not state.
 - slot: the tensor is the item, shape for shape.
+- ring: `[R, ...]`, row j is ring row j (the position ≡ j mod R); items ring_slot * R + j.
+- aux: the tensor is the aux row.
+
+A page-indexed item of fewer rows than the page size (QSA compressed K: page_size // ratio
+rows) holds one row per `page_size // rows` tokens; the tensor has one row per complete group
+of tokens. Request-wide components (`layers: request`) carry `R.{name}` instead of
+`L{i}.{name}`, under their sentinel in the plan.
 
 This module is imported by the parent without torch (the tables and `check_binding`);
 the conversions import torch when called, inside rank processes.
@@ -34,9 +41,18 @@ from pdc.runtime.layout_types import ComponentLayout, FamilyLayout
 
 @dataclass(frozen=True)
 class Binding:
-    hf_family: str  # key of pdc.hf_state.FAMILIES
+    hf_family: str  # key of pdc.hf_state.FAMILIES, or the toy's name (reports show it)
     tensors: tuple[tuple[str, str, str], ...]  # (component, tensor, hf_state tensor name)
     dtype_name: str = "model"  # the spec's `dtypes` name that `pdc parity --dtype` sets
+    # The model the ranks build (pdc.verify.models.build): "" = hf:<hf_family>.
+    model: str = ""
+    # Param overrides the toy runs under by default: the spec's own sizes, scaled down
+    # (`pdc parity --param NAME=VALUE` overrides them in turn).
+    params: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def model_name(self) -> str:
+        return self.model or f"hf:{self.hf_family}"
 
     def hf_name(self, component: str, tensor: str) -> str | None:
         for c, t, name in self.tensors:
@@ -56,13 +72,28 @@ BINDINGS: dict[str, Binding] = {
     "hf-mistral-sw": Binding("mistral_sw", _KV),
     "hf-deepseek-v3": Binding("deepseek_v3", (("kv_nope", "data", "kv_nope"),
                                               ("k_rot", "data", "k_rot"))),
+    # The seed systems' toys (pdc/verify): every component is bound under its own name.
+    "qwen38": Binding(
+        "seed_qwen38",
+        _KV + tuple((c, "data", c) for c in (
+            "qsa_compressed", "qsa_pending", "qsa_rope", "gdn_conv", "gdn_temporal",
+            "ple_short_conv", "ple_ngram", "aux_first_token", "aux_draft_hidden")),
+        model="verify:seed_qwen38",
+        params=(("num_layers", 8), ("page_size", 8), ("kv_heads", 2), ("head_dim", 16),
+                ("lin_k_heads", 2), ("lin_v_heads", 4), ("head_k_dim", 8), ("head_v_dim", 8),
+                ("qsa_compress_ratio", 4), ("rope_dim", 8), ("ple_dim", 16),
+                ("ngram_context", 4), ("hidden_size", 32))),
 }
 
 # hf_state tensor kind each index kind carries.
-_KIND_OF_INDEX = {"page": "token", "window": "window", "slot": "slot"}
+_KIND_OF_INDEX = {"page": "token", "window": "window", "slot": "slot", "ring": "ring",
+                  "aux": "aux"}
 
 
-def state_key(layer_id: int, hf_name: str) -> str:
+def state_key(layer_id: int, hf_name: str, comp: ComponentLayout | None = None) -> str:
+    """`L{layer}.{name}`, or `R.{name}` for a request-wide component (layer_id: sentinel)."""
+    if comp is not None and comp.request_wide:
+        return f"R.{hf_name}"
     return f"L{layer_id}.{hf_name}"
 
 
@@ -72,6 +103,9 @@ def bound_entries(layout: FamilyLayout, binding: Binding):
         for t in c.tensors:
             name = binding.hf_name(c.name, t)
             if name is None:
+                continue
+            if c.request_wide:
+                yield c, t, c.sentinel, state_key(c.sentinel, name, c)
                 continue
             for i in c.layer_ids:
                 yield c, t, i, state_key(i, name)
@@ -88,8 +122,10 @@ def positions(comp: ComponentLayout, seq_len: int, page_size: int) -> list[int]:
         return list(range(n))
     if comp.index == "window":
         return list(range(window_first_page(seq_len, comp.window_tokens, page_size), n))
-    if comp.index == "slot":
+    if comp.index in ("slot", "aux"):
         return [0]
+    if comp.index == "ring":
+        return list(range(comp.ring_rows))
     raise ValueError(f"component '{comp.name}': no hf_state rule for index '{comp.index}'")
 
 
@@ -101,7 +137,17 @@ def item_ids(comp: ComponentLayout, ids: dict) -> np.ndarray:
         return np.asarray(ids["window"], np.int64)
     if comp.index == "slot":
         return np.array([ids["slot"]], np.int64)
+    if comp.index == "aux":
+        return np.array([ids["aux"]], np.int64)
+    if comp.index == "ring":
+        return ids["ring"] * comp.ring_rows + np.arange(comp.ring_rows, dtype=np.int64)
     raise ValueError(f"component '{comp.name}': no hf_state rule for index '{comp.index}'")
+
+
+def tokens_per_row(comp: ComponentLayout, page_size: int) -> int:
+    """Tokens one row of a page-indexed item stands for (1 for KV; the compress ratio for a
+    compressed page of page_size // ratio rows)."""
+    return page_size // comp.shape[0]
 
 
 def _window_rows(comp: ComponentLayout, seq_len: int, page_size: int) -> tuple[int, int]:
@@ -120,13 +166,13 @@ def to_items(comp: ComponentLayout, x, seq_len: int, page_size: int) -> np.ndarr
     import torch
 
     x = x.detach().contiguous()
-    if comp.index == "slot":
-        rows = x.reshape(1, *comp.shape)
+    if comp.index in ("slot", "aux", "ring"):
+        rows = x.reshape(-1, *comp.shape)
     else:
         n = len(positions(comp, seq_len, page_size))
-        buf = torch.zeros((n * page_size, *x.shape[1:]), dtype=x.dtype)
+        buf = torch.zeros((n * comp.shape[0], *x.shape[1:]), dtype=x.dtype)
         if comp.index == "page":
-            buf[:seq_len] = x
+            buf[:len(x)] = x
         else:
             lo, hi = _window_rows(comp, seq_len, page_size)
             buf[lo:hi] = x
@@ -141,11 +187,13 @@ def from_items(comp: ComponentLayout, items: np.ndarray, seq_len: int, page_size
     dtype = getattr(torch, comp.dtype)
     t = torch.from_numpy(np.ascontiguousarray(items)).view(dtype).reshape(len(items),
                                                                          *comp.shape)
-    if comp.index == "slot":
+    if comp.index in ("slot", "aux"):
         return t[0].clone()
+    if comp.index == "ring":
+        return t.clone()
     rows = t.reshape(-1, *comp.shape[1:])
     if comp.index == "page":
-        return rows[:seq_len].clone()
+        return rows[:seq_len // tokens_per_row(comp, page_size)].clone()
     lo, hi = _window_rows(comp, seq_len, page_size)
     return rows[lo:hi].clone()
 
@@ -182,12 +230,16 @@ def check_binding(layout: FamilyLayout, binding: Binding, described: list[dict],
         if r["dtype"] != c.dtype:
             errors.append(f"{where}: the spec says {c.dtype}, the model exports {r['dtype']}")
         shape = tuple(r["shape"])
-        if c.index == "slot":
+        if c.index in ("slot", "aux"):
             item_ok = shape == c.shape
+        elif c.index == "ring":
+            item_ok = shape == (c.ring_rows, *c.shape)
+        elif c.index == "page":
+            item_ok = (shape[1:] == c.shape[1:] and page_size % c.shape[0] == 0
+                       and shape[0] == seq_len // tokens_per_row(c, page_size))
         else:
-            rows_want = seq_len if c.index == "page" else min(seq_len, c.window_tokens)
             item_ok = (shape[1:] == c.shape[1:] and c.shape[0] == page_size
-                       and shape[0] == rows_want)
+                       and shape[0] == min(seq_len, c.window_tokens))
         if not item_ok:
             errors.append(f"{where}: the model exports {list(shape)}, the spec's item is "
                           f"{list(c.shape)} ({c.index}-indexed, page_size {page_size}, "

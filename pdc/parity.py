@@ -100,6 +100,7 @@ class Case:
     model_worker: int
     timeout_s: float
     describe: str = ""  # the topology, for messages
+    fingerprint: int = 0  # of the spec as evaluated, when `layout` is shipped
 
 
 @dataclass
@@ -140,14 +141,14 @@ class _Worker:
         self.engines: dict = {}
         self.models: dict = {}
 
-    def model(self, family: str, dtype: str):
-        import torch
+    def model(self, binding: Binding, layout, dtype: str):
+        """The case's model (Note [Parity models] in pdc/verify), kept across cases."""
+        from pdc.verify import models
 
-        from pdc import hf_state as H
-
-        key = (family, dtype)
+        name = binding.model_name
+        key = (name, dtype, layout if name.startswith("verify:") else None)
         if key not in self.models:
-            self.models[key] = H.build_model(family, getattr(torch, dtype))
+            self.models[key] = models.build(name, layout, dtype)
         return self.models[key]
 
     def engine(self, name: str):
@@ -163,16 +164,14 @@ class _Worker:
 
     # ~~~ probe: what the model's cache exports ~~~
 
-    def probe(self, family: str, dtype: str, n_tokens: int) -> dict:
+    def probe(self, binding: Binding, layout, dtype: str, n_tokens: int) -> dict:
         import torch
 
-        from pdc import hf_state as H
-
-        model = self.model(family, dtype)
-        cache = H.prefill(model, torch.full((n_tokens,), 3, dtype=torch.long))
-        state = H.export_state(family, model, cache)
-        rows = H.describe_state(family, model, state)
-        return {"rows": rows, "vocab_size": int(model.config.vocab_size)}
+        model = self.model(binding, layout, dtype)
+        prompt = torch.full((n_tokens,), 3, dtype=torch.long)
+        *_, (cache, _) = model.chunked_prefill(prompt, [(0, n_tokens)])
+        rows = model.describe_state(model.export_state(cache))
+        return {"rows": rows, "vocab_size": model.vocab_size}
 
     # ~~~ one case ~~~
 
@@ -183,9 +182,16 @@ class _Worker:
 
         knobs.override(transfer_timeout_s=case.timeout_s)
         side, pp, tp = case.roles[self.index]
-        layout = case.layout or importlib.import_module(
-            f"pdc.generated.{case.py_name}.layout").LAYOUT
-        wire = importlib.import_module(f"pdc.generated.{case.py_name}.wire")
+        if case.layout is not None:
+            # Overrides that change layer ids or components (a scaled toy) need wire
+            # bindings of their own: the runtime Family of the shipped layout has them.
+            from pdc.runtime.family import Family
+
+            layout = case.layout
+            wire = Family(layout, "", case.fingerprint, ())
+        else:
+            layout = importlib.import_module(f"pdc.generated.{case.py_name}.layout").LAYOUT
+            wire = importlib.import_module(f"pdc.generated.{case.py_name}.wire")
         plan = Plan.from_json(case.plan_json)
         rank = RankId(pp, tp)
         boot = None
@@ -227,8 +233,7 @@ class _Worker:
         from pdc.runtime.endpoints import KVPoll
         from pdc.runtime.labels import project
 
-        hf = case.binding.hf_family
-        model = self.model(hf, case.dtype)
+        model = self.model(case.binding, layout, case.dtype)
         ids = case.ids[ROLE_PREFILL]
         side = plan.topology.prefill
         page_size = side.page_size
@@ -237,14 +242,15 @@ class _Worker:
         prompt = torch.tensor(case.prompt, dtype=torch.long)
         sender = ep.sender(ROOM)
         bounds = [(c.start_token, c.end_token) for c in chunks]
-        steps = zip(chunks, H.chunked_prefill(model, prompt, bounds), strict=True)
+        steps = zip(chunks, model.chunked_prefill(prompt, bounds), strict=True)
         for c, (cache, logits) in steps:  # noqa: B007 - the last chunk's are used below
-            state = H.export_state(hf, model, cache)
+            state = model.export_state(cache)
             # Place what a TP engine's pools hold after this chunk: the chunk's pages (final
-            # now), the slot state as it stands (updated in place by every chunk; only the
-            # last chunk's is final) and, once the prompt is done, the window's pages.
+            # now), the slot and ring state as it stands (updated in place by every chunk;
+            # only the last chunk's is final) and, once the prompt is done, the window's
+            # pages and the aux rows.
             for comp in layout.components:
-                if comp.index == "window" and not c.last:
+                if comp.index in ("window", "aux") and not c.last:
                     continue
                 keep = slice(c.first_page, c.end_page) if comp.index == "page" else slice(None)
                 where = item_ids(comp, ids)[keep]
@@ -252,8 +258,8 @@ class _Worker:
                     name = case.binding.hf_name(comp.name, tensor)
                     if name is None:
                         continue
-                    full = to_items(comp, state[state_key(layer_id, name)], c.end_token,
-                                    page_size)[keep]
+                    full = to_items(comp, state[state_key(layer_id, name, comp)],
+                                    c.end_token, page_size)[keep]
                     view = pools.view(comp.name, pos)
                     for item, row in zip(where, full, strict=True):
                         view[item] = project(comp, row, side.tp, rank.tp)
@@ -262,9 +268,8 @@ class _Worker:
         out = {"status": status, "reason": sender.reason, "bytes": sender.stats.bytes,
                "chunks": [c.end_token - c.start_token for c in chunks]}
         if (rank.pp, rank.tp) == (0, 0):
-            out.update(first_token=int(logits.argmax()), logits=_tensor_bytes(logits),
-                       state=H.state_to_bytes(state),
-                       flags=H.export_flags(hf, model, cache))
+            out.update(first_token=model.token_of(logits), logits=_tensor_bytes(logits),
+                       state=H.state_to_bytes(state), flags=model.export_flags(cache))
         return out
 
     def decode(self, case: Case, layout, plan, rank, ep, pools) -> dict:
@@ -309,45 +314,53 @@ class _Worker:
                 failed.append(f"decode pp{who[0]}.tp{who[1]}: {reason or 'no items'}")
             else:
                 gathered[who] = items
-        hf = case.binding.hf_family
-        out: dict = {"reference": self.reference(case, plan)}
+        out: dict = {"reference": self.reference(case, layout, plan)}
         if failed or first is None:
             out["error"] = "; ".join(failed) or "prefill produced no first token"
             return out
         seq_len, page_size = len(case.prompt), D.page_size
         state, disagree = {}, []
         for comp, tensor, layer_id, key in bound_entries(layout, case.binding):
-            stage = D.stage_of(layer_id)
-            assert (tensor, layer_id) in plan.registration(ROLE_DECODE, RankId(stage, 0)) \
-                .entries(comp.name)
-            parts = [gathered[(stage, t)][(comp.name, tensor, layer_id)] for t in range(D.tp)]
-            full, bad = merge(comp, parts, D.tp)
-            disagree += [[comp.name, tensor, layer_id, t] for t in bad]
+            # A layer's entry lives on its stage; request-wide state on every stage that
+            # registers it (owning_stages in runtime/lowering.py): each copy is one an
+            # engine reads, so each must equal the first.
+            stages = [s for s in range(D.pp) if (tensor, layer_id) in
+                      plan.registration(ROLE_DECODE, RankId(s, 0)).entries(comp.name)]
+            assert stages, (comp.name, layer_id)
+            full = None
+            for s in stages:
+                parts = [gathered[(s, t)][(comp.name, tensor, layer_id)] for t in range(D.tp)]
+                got, bad = merge(comp, parts, D.tp)
+                disagree += [[comp.name, tensor, layer_id, f"pp{s}.tp{t}"] for t in bad]
+                if full is None:
+                    full = got
+                elif not np.array_equal(got, full):
+                    disagree.append([comp.name, tensor, layer_id, f"pp{s}"])
             state[key] = from_items(comp, full, seq_len, page_size)
-        model = self.model(hf, case.dtype)
-        cache = H.import_state(hf, model, state, seq_len)
-        flags = H.export_flags(hf, model, cache)
-        tokens, logits = H.greedy_decode(model, cache, first["first_token"], case.steps - 1)
+        model = self.model(case.binding, layout, case.dtype)
+        cache = model.import_state(state, seq_len)
+        flags = model.export_flags(cache)
+        tokens, logits = model.greedy_decode(cache, first["first_token"], case.steps - 1)
         out.update(state=H.state_to_bytes(state), flags=flags, disagree=disagree,
                    tokens=tokens.tolist(), logits=_tensor_bytes(logits))
         return out
 
-    def reference(self, case: Case, plan) -> dict:
+    def reference(self, case: Case, layout, plan) -> dict:
         """Single-process generation: the same chunked prefill, then greedy decode, on one
         cache in this process, with a model instance of its own (Note [Parity reference])."""
         import torch
 
         from pdc import hf_state as H
+        from pdc.verify import models
 
-        hf = case.binding.hf_family
-        model = H.build_model(hf, getattr(torch, case.dtype))
+        model = models.build(case.binding.model_name, layout, case.dtype)
         chunks = chunk_plan(len(case.prompt), case.chunk_tokens, plan.topology.prefill.page_size)
         prompt = torch.tensor(case.prompt, dtype=torch.long)
-        *_, (cache, logits0) = H.chunked_prefill(
-            model, prompt, [(c.start_token, c.end_token) for c in chunks])
-        state = H.export_state(hf, model, cache)
-        tok0 = int(logits0.argmax())
-        tokens, logits = H.greedy_decode(model, cache, tok0, case.steps - 1)
+        *_, (cache, logits0) = model.chunked_prefill(
+            prompt, [(c.start_token, c.end_token) for c in chunks])
+        state = model.export_state(cache)
+        tok0 = model.token_of(logits0)
+        tokens, logits = model.greedy_decode(cache, tok0, case.steps - 1)
         return {"tokens": [tok0] + tokens.tolist(),
                 "logits": _tensor_bytes(torch.cat([logits0[None], logits])),
                 "state": H.state_to_bytes(state)}
@@ -439,13 +452,13 @@ class ParityWorkers:
             raise RankCrash(f"expected {kind!r}, a worker sent {msg[:2]!r}")
         return msg
 
-    def probe(self, family: str, dtype: str, n_tokens: int) -> dict:
-        key = (family, dtype, n_tokens)
+    def probe(self, binding: Binding, layout, dtype: str, n_tokens: int) -> dict:
+        key = (binding.model_name, layout, dtype, n_tokens)
         if key not in self._probes:
             try:
                 self.ensure(1)
                 self.jobs += 1
-                self.procs.put(0, ("probe", self.jobs, (family, dtype, n_tokens)))
+                self.procs.put(0, ("probe", self.jobs, (binding, layout, dtype, n_tokens)))
                 self._probes[key] = self._get("probed", 180.0, self.jobs)[2]
             except (RankCrash, queue.Empty) as e:
                 self._broke(e)
@@ -517,7 +530,7 @@ class ParityWorkers:
 def prepare(spec_path: str, prefill: str, decode: str, engine: str, dtype: str | None,
             workers: ParityWorkers, *, tokens: int = 20, chunk_tokens: int = 8,
             steps: int = 10, seed: int = 0, timeout_s: float = 30.0,
-            drop: tuple[str, ...] = ()) -> Case:
+            drop: tuple[str, ...] = (), params: tuple[tuple[str, int], ...] = ()) -> Case:
     """Load, lower and check everything the parent can; raises ParityError."""
     from pdc.compiler.diagnostics import SpecErrors
     from pdc.compiler.family import plan_spec
@@ -543,9 +556,14 @@ def prepare(spec_path: str, prefill: str, decode: str, engine: str, dtype: str |
         spec = load_spec(spec_path)
         binding = BINDINGS.get(spec.family)
         if binding is None:
-            raise ParityError(f"no transformers binding for family '{spec.family}'; pdc parity "
+            raise ParityError(f"no parity model bound to family '{spec.family}'; pdc parity "
                               f"knows {', '.join(sorted(BINDINGS))} (pdc/hf_adapter.py)")
-        overrides = {"page_size": page} if page and page != spec.env.get("page_size") else None
+        # The binding's scaled sizes, the sides' page size, then --param (last one wins).
+        wanted = dict(binding.params)
+        if page:
+            wanted["page_size"] = page
+        wanted.update(params)
+        overrides = {k: v for k, v in wanted.items() if spec.env.get(k) != v} or None
         dtypes = None
         if dtype is not None:
             if binding.dtype_name not in {d.name for d in spec.dtypes}:
@@ -553,7 +571,10 @@ def prepare(spec_path: str, prefill: str, decode: str, engine: str, dtype: str |
                                   "`dtypes`, so --dtype cannot set the model's dtype")
             dtypes = {binding.dtype_name: dtype}
         if overrides or dtypes:
-            spec = load_spec(spec_path, overrides, dtypes)
+            # Scaled sizes (a toy's, or --param) leave the deployments out: they are
+            # proved at the declared sizes by `pdc validate`.
+            spec = load_spec(spec_path, overrides, dtypes,
+                             deployments=not (binding.params or params))
         family, plan = plan_spec(spec, prefill, decode, engine)
     except SpecErrors as e:
         raise ParityError(str(e), diagnostics=True) from None
@@ -583,10 +604,10 @@ def prepare(spec_path: str, prefill: str, decode: str, engine: str, dtype: str |
     missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
     if missing:
         raise ParityError(f"{' and '.join(missing)} not installed: pip install -e '.[kernels,hf]'")
-    probe = workers.probe(binding.hf_family, model_dtype, tokens)
+    probe = workers.probe(binding, layout, model_dtype, tokens)
     problems = check_binding(layout, binding, probe["rows"], tokens, page_size)
     if problems:
-        raise ParityError(f"{spec_path} does not fit transformers' {binding.hf_family} cache "
+        raise ParityError(f"{spec_path} does not fit the {binding.hf_family} model's cache "
                           f"({model_dtype}, {tokens} tokens):\n  " + "\n  ".join(problems))
     rng = np.random.default_rng(seed)
     prompt = tuple(int(x) for x in rng.integers(3, probe["vocab_size"], tokens))
@@ -601,7 +622,7 @@ def prepare(spec_path: str, prefill: str, decode: str, engine: str, dtype: str |
     return Case(workers.jobs, spec.family, spec.py_name, binding, model_dtype, engine,
                 plan.to_json(), None if same else layout, prompt, chunk_tokens, steps,
                 req.ids, pages, slots, tuple(roles), model_worker, timeout_s,
-                topo.describe())
+                topo.describe(), family.fingerprint)
 
 
 def _drop(plan, names: set[str]):
@@ -683,16 +704,18 @@ def judge(case: Case, out: Outcome) -> Verdict:
     diffs = []
     for comp, tensor, layer_id, key in bound_entries(layout, case.binding):
         a, b = exported[key], rebuilt[key]
+        where = (f"request-wide component {comp.name}" if comp.request_wide else
+                 f"layer {layer_id} component {comp.name}")
         if a[:2] != b[:2]:
-            diffs.append(f"layer {layer_id} component {comp.name} ({key}): shape/dtype "
+            diffs.append(f"{where} ({key}): shape/dtype "
                          f"{b[1]} {b[0]}, exported {a[1]} {a[0]}")
         elif not np.array_equal(a[2], b[2]):
             n = int((a[2] != b[2]).sum())
-            diffs.append(f"layer {layer_id} component {comp.name}"
+            diffs.append(f"{where}"
                          + (f" tensor {tensor}" if len(comp.tensors) > 1 else "")
                          + f" ({key}): {n} of {len(a[2])} bytes differ from the prefill export")
     for comp, tensor, layer_id, t in model["disagree"]:
-        diffs.append(f"layer {layer_id} component {comp} tensor {tensor}: decode tp{t}'s copy "
+        diffs.append(f"layer {layer_id} component {comp} tensor {tensor}: decode {t}'s copy "
                      "of a replicated unit differs from a lower rank's copy")
     flags_ok = model["flags"] == leader["flags"]
     moved = sum(r["bytes"] for r in out.decode.values())

@@ -153,7 +153,7 @@ def _cli(capsys, *argv):
 @pytest.mark.parametrize("argv,message", [
     ([spec("hf-llama"), "--chunk", "6"],
      "--chunk 6 is not a multiple of the page size 4: chunks end on page boundaries"),
-    ([str(SPECS / "qwen38.yaml")], "no transformers binding for family 'qwen38'"),
+    ([str(SPECS / "llama3-70b.yaml")], "no parity model bound to family 'llama3-70b'"),
     ([spec("hf-llama"), "--prefill", "tp=4", "--decode", "tp=3"],
      "error: attention TP sizes 4 and 3 do not divide each other"),
     ([spec("hf-llama"), "--decode", "tp=1,dp=2"], "pdc parity runs one request: use dp=1"),
@@ -195,7 +195,7 @@ def test_cli_runs_several_specs_and_fails_when_one_fails(capsys):
 
 def test_prepare_rejects_before_starting_processes():
     w = ParityWorkers()
-    with pytest.raises(ParityError, match="no transformers binding"):
+    with pytest.raises(ParityError, match="no parity model bound to family"):
         prepare(str(SPECS / "llama3-70b.yaml"), "tp=1", "tp=1", "mooncake", None, w)
     assert len(w) == 0  # nothing was spawned
 

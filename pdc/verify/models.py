@@ -1,0 +1,80 @@
+"""The model interface of the parity harness (Note [Parity models] in pdc/verify/__init__.py).
+
+A `ParityModel` is built inside a rank process (it imports torch); the parent only names it
+(`Binding.model`). State is a flat dict of tensors named as pdc.hf_adapter.state_key says
+(`L{layer}.{name}` per layer, `R.{name}` for request-wide state), rows token-major (Note
+[State layout] in pdc/hf_state.py). Logits rows are what the judge compares bit for bit;
+`token_of` says which token a row produces.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Protocol
+
+
+class ParityModel(Protocol):
+    vocab_size: int
+
+    def chunked_prefill(self, prompt, bounds):
+        """Yield (cache, logits row of the chunk's last position) after each (start, end)."""
+
+    def export_state(self, cache) -> dict: ...
+
+    def export_flags(self, cache) -> dict[str, int]: ...
+
+    def import_state(self, state: dict, seq_len: int):
+        """A cache holding `state` after `seq_len` tokens, ready to decode."""
+
+    def greedy_decode(self, cache, first_token: int, steps: int):
+        """(tokens [steps], logits [steps, row]) of `steps` greedy steps. hf models feed
+        `first_token`; the seed toys read it from their transferred aux row instead."""
+
+    def token_of(self, logits) -> int: ...
+
+    def describe_state(self, state: dict) -> list[dict[str, Any]]: ...
+
+
+class HfModel:
+    """A pdc.hf_state family behind the ParityModel interface."""
+
+    def __init__(self, family: str, dtype: str, seed: int = 0):
+        import torch
+
+        from pdc import hf_state as H
+
+        self.H, self.family = H, family
+        self.model = H.build_model(family, getattr(torch, dtype), seed)
+        self.vocab_size = int(self.model.config.vocab_size)
+
+    def chunked_prefill(self, prompt, bounds):
+        return self.H.chunked_prefill(self.model, prompt, bounds)
+
+    def export_state(self, cache) -> dict:
+        return self.H.export_state(self.family, self.model, cache)
+
+    def export_flags(self, cache) -> dict[str, int]:
+        return self.H.export_flags(self.family, self.model, cache)
+
+    def import_state(self, state: dict, seq_len: int):
+        return self.H.import_state(self.family, self.model, state, seq_len)
+
+    def greedy_decode(self, cache, first_token: int, steps: int):
+        return self.H.greedy_decode(self.model, cache, first_token, steps)
+
+    def token_of(self, logits) -> int:
+        return int(logits.argmax())
+
+    def describe_state(self, state: dict) -> list[dict[str, Any]]:
+        return self.H.describe_state(self.family, self.model, state)
+
+
+def build(model: str, layout, dtype: str, seed: int = 0) -> ParityModel:
+    """`model` is `hf:<pdc.hf_state family>` or `verify:<module of pdc.verify>`, whose
+    `build(layout, dtype, seed)` makes the toy from the family's (scaled) layout."""
+    kind, _, name = model.partition(":")
+    if kind == "hf":
+        return HfModel(name, dtype, seed)
+    if kind == "verify":
+        return importlib.import_module(f"pdc.verify.{name}").build(layout, dtype, seed)
+    raise ValueError(f"unknown parity model '{model}'")
