@@ -9,6 +9,8 @@ item shapes depend on it.
 
 from __future__ import annotations
 
+from pdc.runtime.layout_types import FamilyLayout
+
 from .coverage import prove as prove_coverage
 from .diagnostics import Diagnostic, SpecErrors
 from .layout import build_layout
@@ -38,7 +40,7 @@ def proof_bytes(layout, plan) -> int:
 def check_deployments(spec: Spec, reparse, prove: bool) -> list[Diagnostic]:
     """`reparse(overrides)` returns the spec evaluated with param overrides."""
     out: list[Diagnostic] = []
-    layouts: dict[int | None, object] = {}
+    layouts: dict[int | None, FamilyLayout] = {}
     for i, d in enumerate(spec.deployments):
         page = d.prefill.page_size
         what = f"deployment {i} ({describe(d)})"

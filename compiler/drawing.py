@@ -83,10 +83,10 @@ def broadcasts(layout: FamilyLayout, plan: Plan) -> dict[RankId, tuple[str, ...]
 
 def _ranges(ids: tuple[int, ...]) -> str:
     out, start = [], None
-    ids = sorted(ids)
-    for i, x in enumerate(ids):
+    ordered = sorted(ids)
+    for i, x in enumerate(ordered):
         start = x if start is None else start
-        if i + 1 == len(ids) or ids[i + 1] != x + 1:
+        if i + 1 == len(ordered) or ordered[i + 1] != x + 1:
             out.append(str(start) if start == x else f"{start}-{x}")
             start = None
     return ",".join(out) or "none"
@@ -147,7 +147,7 @@ def draw_plan(layout: FamilyLayout, plan: Plan, report: dict) -> str:
     px, dx = MARGIN, MARGIN + NODE_W + 2 * STAGE_PAD + COLUMN_GAP
     p_parts, p_boxes, p_end = column(topo.prefill, px, "prefill")
     d_parts, d_boxes, d_end = column(topo.decode, dx, "decode")
-    width = dx + NODE_W + 2 * STAGE_PAD + MARGIN
+    width: float = dx + NODE_W + 2 * STAGE_PAD + MARGIN
 
     out_bytes: dict[RankId, int] = {}
     in_bytes: dict[RankId, int] = {}
@@ -246,7 +246,8 @@ def draw_plan(layout: FamilyLayout, plan: Plan, report: dict) -> str:
     table_y = max(p_end, d_end) + 40
     # One <text> per cell at a computed column (SVG collapses runs of spaces); numbers
     # right-aligned.
-    xs, x = [], MARGIN
+    xs: list[float] = []
+    x: float = MARGIN
     for wd in widths:
         xs.append(x)
         x += (wd + 2) * CHAR_W

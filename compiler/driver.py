@@ -89,9 +89,9 @@ def build(paths: list[str | Path], deployments: str = "lower") -> Build:
     b = Build()
     for path in _unique(paths):
         name = spec_display_path(path)
-        text, problem = read_spec_text(path, name)
-        if problem is not None:
-            b.diagnostics.append(problem)
+        text = read_spec_text(path, name)
+        if isinstance(text, Diagnostic):
+            b.diagnostics.append(text)
             b.failed.append(name)
             continue
         b.sources[name] = text.splitlines()

@@ -17,7 +17,7 @@ from .schema import validate_shape
 from .yaml_loader import load_located
 
 
-def read_spec_text(path: str | Path, name: str) -> tuple[str | None, Diagnostic | None]:
+def read_spec_text(path: str | Path, name: str) -> str | Diagnostic:
     """The text of a spec file, or a diagnostic (named `name`) saying why there is none.
 
     At most MAX_SPEC_BYTES are read (Note [Spec limits]), so a huge file or a device that
@@ -26,22 +26,22 @@ def read_spec_text(path: str | Path, name: str) -> tuple[str | None, Diagnostic 
         with open(path, "rb") as f:
             raw = f.read(MAX_SPEC_BYTES + 1)
     except OSError as e:
-        return None, Diagnostic(Location(name), f"cannot read spec: {e.strerror or e}",
+        return Diagnostic(Location(name), f"cannot read spec: {e.strerror or e}",
                                 "check the path")
     if len(raw) > MAX_SPEC_BYTES:
-        return None, Diagnostic(Location(name), f"the spec is larger than {MAX_SPEC_BYTES} "
+        return Diagnostic(Location(name), f"the spec is larger than {MAX_SPEC_BYTES} "
                                 "bytes", "a spec is a few kilobytes of YAML; is this the right "
                                 "file?")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        return None, Diagnostic(Location(name), f"the spec is not UTF-8 text (byte {e.start} "
+        return Diagnostic(Location(name), f"the spec is not UTF-8 text (byte {e.start} "
                                 "is not)", "a spec is a YAML text file; is this the right file?")
     if "\x00" in text:
-        return None, Diagnostic(Location(name), f"the spec holds a NUL byte (at byte "
+        return Diagnostic(Location(name), f"the spec holds a NUL byte (at byte "
                                 f"{raw.index(0)}): it looks like a binary file",
                                 "a spec is a YAML text file; is this the right file?")
-    return text, None
+    return text
 
 
 def parse_spec_text(text: str, path: str, overrides: dict[str, int] | None = None,
@@ -72,7 +72,8 @@ def parse_spec_text(text: str, path: str, overrides: dict[str, int] | None = Non
         raise SpecErrors(shape)
     diags = Diagnostics()
     spec = build_spec(doc, diags)
-    diags.raise_if_any()
+    if spec is None or diags:  # a None spec comes with its errors in diags
+        raise SpecErrors(diags.items)
     check_spec(spec, diags)
     diags.raise_if_any()
     return spec
@@ -80,7 +81,7 @@ def parse_spec_text(text: str, path: str, overrides: dict[str, int] | None = Non
 
 def load_spec(path: str | Path, overrides: dict[str, int] | None = None,
               dtypes: dict[str, str] | None = None, deployments: bool = True) -> Spec:
-    text, problem = read_spec_text(path, str(path))
-    if problem is not None:
-        raise SpecErrors([problem])
+    text = read_spec_text(path, str(path))
+    if isinstance(text, Diagnostic):
+        raise SpecErrors([text])
     return parse_spec_text(text, str(path), overrides, dtypes, deployments)

@@ -17,6 +17,7 @@ import difflib
 import enum
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 from pdc.runtime.layout_types import KNOWN_BACKENDS as KNOWN_BACKENDS
 from pdc.runtime.layout_types import BackendRule as BackendRule
@@ -431,8 +432,8 @@ class _Parser:
             n = self.eval(d["count"], dpath + ("count",), "draft layer count") or 0
             first = count
             if "first_id" in d:
-                first = self.eval(d["first_id"], dpath + ("first_id",), "draft first_id")
-                first = count if first is None else first
+                given = self.eval(d["first_id"], dpath + ("first_id",), "draft first_id")
+                first = count if given is None else given
             if first + n > MAX_LAYERS:
                 self.diags.error(self.doc.loc(dpath), f"draft layer ids reach {first + n - 1}, "
                                  f"beyond the limit of {MAX_LAYERS} layers", _LIMIT_HINT)
@@ -619,11 +620,12 @@ class _Parser:
         size = item.shape[axis]
         groups: tuple[int, ...] = (size,)
         if "groups" in raw:
-            g = [self.eval(x, path + ("groups", i), f"shard group of '{name}'")
-                 for i, x in enumerate(raw["groups"])]
-            if any(x is None for x in g):
+            evaluated = [self.eval(x, path + ("groups", i), f"shard group of '{name}'")
+                         for i, x in enumerate(raw["groups"])]
+            known = [x for x in evaluated if x is not None]
+            if len(known) != len(evaluated):
                 return None
-            groups = tuple(g)
+            groups = tuple(known)
             if sum(groups) != size:
                 self.diags.error(self.doc.loc(path + ("groups",)),
                                  f"shard groups of '{name}' add up to {sum(groups)}, but axis "
@@ -655,12 +657,12 @@ class _Parser:
             return (1,) * len(groups)
         given = raw["unit"]
         if not isinstance(given, list):
-            u = self.eval(given, path + ("unit",), f"shard unit of '{name}'") or 1
-            if u < 1:
-                self.diags.error(self.doc.loc(path + ("unit",)), f"shard unit of '{name}' is {u}",
-                                 "a unit is >= 1 element")
-                u = 1
-            return (u,) * len(groups)
+            one = self.eval(given, path + ("unit",), f"shard unit of '{name}'") or 1
+            if one < 1:
+                self.diags.error(self.doc.loc(path + ("unit",)),
+                                 f"shard unit of '{name}' is {one}", "a unit is >= 1 element")
+                one = 1
+            return (one,) * len(groups)
         if len(given) != len(groups):
             self.diags.error(self.doc.loc(path + ("unit",)),
                              f"shard units of '{name}' give {len(given)} sizes for "
@@ -744,7 +746,8 @@ def _ranges(ids: list[int]) -> str:
 
 def build_spec(doc: Located, diags: Diagnostics) -> Spec | None:
     """Model a shape-valid document. Returns None only when nothing useful could be built."""
-    raw = doc.data
+    # The schema has accepted the document, so its top level is a mapping.
+    raw = cast(dict[str, Any], doc.data)
     p = _Parser(doc, diags)
     dtypes = p.dtypes(raw.get("dtypes", {}))
     params = p.params(raw["params"])

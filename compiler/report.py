@@ -79,7 +79,7 @@ def table_rows(report: dict) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
     """The per-link table as columns and rows of text (for the plain and the rich table)."""
     cols = ("link", "entries", "MiB/request", "desc contig", "desc frag", "staged frag",
             "elected")
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for lk in report["links"]:
         d = lk["descriptors"]
         rows.append((f"{lk['prefill']} -> {lk['decode']}", str(lk["entries"]),

@@ -74,7 +74,7 @@ def _expected(schema: dict) -> list[str]:
         return [repr(schema["const"])]
     t = schema.get("type")
     if t is not None:
-        return [_KINDS.get(x, x) for x in (t if isinstance(t, list) else [t])]
+        return [_KINDS.get(str(x), str(x)) for x in (t if isinstance(t, list) else [t])]
     return ["a mapping"] if "properties" in schema else []
 
 

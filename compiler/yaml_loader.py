@@ -53,8 +53,9 @@ class Located:
         return self.loc(p)
 
 
-def _mark(path: str, node: yaml.Node) -> Location:
-    return Location(path, node.start_mark.line + 1, node.start_mark.column + 1)
+def _mark(path: str, node: yaml.Node | yaml.Event) -> Location:
+    mark = node.start_mark
+    return Location(path, mark.line + 1, mark.column + 1) if mark else Location(path)
 
 
 def _yaml_error(e: yaml.YAMLError, path: str) -> Diagnostic:
@@ -76,7 +77,7 @@ def scan(text: str, path: str) -> Diagnostic | None:
     sizes: dict[str, int] = {}  # anchor -> nodes of its node, aliases expanded
     for ev in yaml.parse(text, Loader=yaml.SafeLoader):
         if isinstance(ev, yaml.AliasEvent):
-            nodes += sizes.get(ev.anchor, 1)
+            nodes += sizes.get(ev.anchor or "", 1)
         elif isinstance(ev, yaml.ScalarEvent):
             nodes += 1
             if ev.anchor:

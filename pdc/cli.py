@@ -320,10 +320,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return _usage_error("plan", f"--tokens is {args.tokens}", "give a request length "
                             "from 1 to 16777216 tokens", args.json)
     name = spec_display_path(args.spec)
-    text, problem = read_spec_text(args.spec, name)
-    if problem is not None:
-        _err(problem.render(), "1 error")
-        return _print_json("plan", 1, [problem]) if args.json else 1
+    text = read_spec_text(args.spec, name)
+    if not isinstance(text, str):
+        _err(text.render(), "1 error")
+        return _print_json("plan", 1, [text]) if args.json else 1
     try:
         errs = parse_side_arg(args.prefill, "--prefill")[1] + \
             parse_side_arg(args.decode, "--decode")[1]

@@ -44,7 +44,8 @@ class Family:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "wire_components", tuple(
-            WireComponent(c.name, c.tensors, (c.sentinel,) if c.request_wide else c.layer_ids)
+            WireComponent(c.name, c.tensors, (c.sentinel,)
+                          if c.request_wide and c.sentinel is not None else c.layer_ids)
             for c in self.layout.components))
 
     @property

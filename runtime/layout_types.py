@@ -60,7 +60,7 @@ class ShardGeometry:
 
     def local_units(self, tp: int, rank: int) -> tuple[tuple[int, int], ...]:
         """(sub-block, unit) pairs held by `rank`, in local order (Note [Shard ownership])."""
-        out = []
+        out: list[tuple[int, int]] = []
         for g, n in enumerate(self.group_units):
             if n >= tp:
                 per = n // tp
@@ -128,7 +128,7 @@ class ComponentLayout:
 
     def entries_for(self, layer_ids) -> tuple[EntryKey, ...]:
         """Registered entries for a rank holding `layer_ids` (tensor-major, then id)."""
-        if self.request_wide:
+        if self.request_wide and self.sentinel is not None:
             return tuple(EntryKey(t, self.sentinel) for t in self.tensors)
         wanted = set(layer_ids)  # once: `in set(...)` per id made this quadratic
         held = [i for i in self.layer_ids if i in wanted]

@@ -25,7 +25,7 @@ that tests can break one and watch the coverage proof fail:
 from __future__ import annotations
 
 from .diagnostics import Diagnostic, Location, SpecErrors
-from .layout_types import BackendRule, ComponentLayout, FamilyLayout
+from .layout_types import BackendRule, ComponentLayout, FamilyLayout, ShardGeometry
 from .limits import MAX_LOWERING_STEPS
 from .plan_types import Link, LinkEntry, Plan, RankId, Registration, Segment, Side, Topology
 
@@ -48,8 +48,14 @@ def replicated_writers(p: int, d: int, decode_tp_rank: int) -> tuple[int, ...]:
     return tp_sources(p, d, decode_tp_rank)[:1]
 
 
+def _geometry(comp: ComponentLayout) -> ShardGeometry:
+    if comp.shard is None:
+        raise ValueError(f"component '{comp.name}' is replicated: it has no shard units")
+    return comp.shard
+
+
 def local_units(comp: ComponentLayout, tp: int, rank: int) -> tuple[tuple[int, int], ...]:
-    return comp.shard.local_units(tp, rank)
+    return _geometry(comp).local_units(tp, rank)
 
 
 def owning_stages(comp: ComponentLayout, side: Side, kind_of: dict[int, str]) -> tuple[int, ...]:
@@ -187,7 +193,7 @@ def _shard_segments(comp: ComponentLayout, p_tp: int, d_tp: int, pairs: list[tup
                     src_units: tuple, dst_units: tuple) -> tuple[Segment, ...]:
     """Strided segments for (source unit position, destination unit position) pairs; a unit
     position indexes `src_units` / `dst_units`, the (sub-block, unit) lists of either rank."""
-    s = comp.shard
+    s = _geometry(comp)
     sizes = s.unit_sizes
 
     def offsets(units) -> list[int]:  # element offset of each local unit on its rank
@@ -238,10 +244,10 @@ def _lower_entry(c, P: Side, D: Side, dst: RankId, s_p: int, pos_d: int, key, po
     dst_units = local_units(c, D.tp, dst.tp)
     for i_d, unit in enumerate(dst_units):
         # The first source holding the unit writes it; with GQA replication several do.
-        t_p = next((t for t in cands if unit in held_at[t]), None)
-        if t_p is None:
+        holder = next((t for t in cands if unit in held_at[t]), None)
+        if holder is None:
             continue  # no source holds it: the coverage proof reports the gap
-        by_src.setdefault(t_p, []).append((held_at[t_p][unit], i_d))
+        by_src.setdefault(holder, []).append((held_at[holder][unit], i_d))
     for t_p, pairs in sorted(by_src.items()):
         src = RankId(s_p, t_p)
         pos_p = source_position(positions(src, c.name), key, pos_d)

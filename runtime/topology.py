@@ -142,6 +142,6 @@ def topology_from_args(layout: FamilyLayout, prefill: str, decode: str,
         return None, errors
     ps, e1 = resolve_side(layout, **p, what="prefill", loc=Location("--prefill"))
     ds, e2 = resolve_side(layout, **d, what="decode", loc=Location("--decode"))
-    if e1 or e2:
+    if e1 or e2 or ps is None or ds is None:
         return None, e1 + e2
     return Topology(ps, ds, backend), []

@@ -11,7 +11,9 @@ field added to `ComponentLayout` or `FamilyLayout` shows up here without a templ
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from pdc.runtime.layout_types import ComponentLayout
 
@@ -39,7 +41,7 @@ MODULE_CONSTANTS = {
     "BACKENDS": None,
 }
 # Scalar fields written in a form easier to read than repr().
-_FIELD_FORMAT = {"sentinel": py_hex32}
+_FIELD_FORMAT: dict[str, Callable[[Any], str]] = {"sentinel": py_hex32}
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +75,7 @@ class LayoutModuleView:
     backends: str
 
 
-def _args(obj: object, literal_of: dict[str, str] | None = None) -> tuple[Arg, ...]:
+def _args(obj: Any, literal_of: dict[str, str] | None = None) -> tuple[Arg, ...]:
     """Keyword arguments rebuilding `obj`; fields named in `literal_of` use that source."""
     out = []
     for f in dataclasses.fields(obj):

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import textwrap
 from collections.abc import Callable
+from typing import Any
 
 LINE_WIDTH = 100
 INDENT = "    "
@@ -32,7 +33,7 @@ def py_hex32(v: int) -> str:
 
 
 def py_value(value: object, indent: int = 0, used: int = 0,
-             fields: dict[str, Callable[[object], str]] | None = None) -> str:
+             fields: dict[str, Callable[[Any], str]] | None = None) -> str:
     """Source text of `value` (None, bool, int, str, tuple or a dataclass instance).
 
     `indent` is the nesting level of the line the value starts on; `used` is how many

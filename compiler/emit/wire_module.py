@@ -54,7 +54,7 @@ class WireModuleView:
 
 def _entry_ids(cl: ComponentLayout) -> str:
     """Ids a registered entry of `cl` may carry, as a tuple literal at 2 levels of indent."""
-    if cl.request_wide:
+    if cl.request_wide and cl.sentinel is not None:
         return f"({py_hex32(cl.sentinel)},)"
     return py_value(cl.layer_ids, 2, len("layer_ids="))
 
