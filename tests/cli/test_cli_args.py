@@ -84,17 +84,16 @@ def test_plan_rejection_is_exit_1_with_the_rule_located(capsys):
     assert "hetero_attention_tp" in obj["errors"][0]["message"]
 
 
-def test_validate_json(capsys):
+def test_validate_json(capsys, bad_spec):
     code, out, err = run(capsys, "validate", str(QWEN), "--json")
     assert (code, err) == (0, "")
     assert json.loads(out) == {"command": "validate", "ok": True, "exit": 0,
                                "specs": [str(QWEN)], "failed": [], "errors": []}
-    bad = REPO / "tests" / "compiler" / "bad_specs" / "limit_param_bad_name.yaml"
-    code, out, _ = run(capsys, "validate", str(bad), "--json")
+    code, out, _ = run(capsys, "validate", bad_spec("limit_param_bad_name"), "--json")
     obj = json.loads(out)
-    assert code == 1 and obj["failed"] == ["tests/compiler/bad_specs/limit_param_bad_name.yaml"]
+    assert code == 1 and obj["failed"] == ["bad_specs/limit_param_bad_name.yaml"]
     assert obj["errors"] == [{
-        "file": "tests/compiler/bad_specs/limit_param_bad_name.yaml", "line": 11, "col": 3,
+        "file": "bad_specs/limit_param_bad_name.yaml", "line": 11, "col": 3,
         "message": "key 'kv-heads' in 'params' is not a valid name",
         "hint": "names match ^[A-Za-z_][A-Za-z0-9_]*$"}]
 

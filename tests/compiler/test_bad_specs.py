@@ -1,8 +1,8 @@
-"""Every broken spec under bad_specs/ fails `pdc validate` with exactly the text beside it.
+"""Every broken spec of bad_specs/ fails `pdc validate` with exactly the text beside it.
 
-Each `bad_specs/NAME.yaml` is good_specs/mini.yaml with one rule broken (its first line says
-which); `bad_specs/NAME.expected` is the complete stderr of
-`pdc validate tests/compiler/bad_specs/NAME.yaml` run from the repository root: every
+Each `bad_specs/NAME.patch` turns good_specs/mini.yaml into a spec with one rule broken (its
+first line says which; Note [Bad specs as patches] in spec_patches.py); `bad_specs/NAME.expected`
+is the complete stderr of `pdc validate bad_specs/NAME.yaml` on the patched spec: every
 diagnostic (file:line:col, source line, caret, hint) and the summary line.
 
 After an intended change of wording, regenerate the expected files with
@@ -18,10 +18,10 @@ import pytest
 
 from pdc.cli import main
 
+from .spec_patches import BAD, BASE, CASES, PatchError, apply_patch, bad_spec_text
+
 REPO = Path(__file__).resolve().parents[2]
-BAD = Path(__file__).resolve().parent / "bad_specs"
-GOOD = Path(__file__).resolve().parent / "good_specs"
-CASES = sorted(p.stem for p in BAD.glob("*.yaml"))
+GOOD = BASE.parent
 ACCEPT = os.environ.get("PDC_ACCEPT") == "1"
 
 
@@ -32,9 +32,26 @@ def _validate(capsys, *paths: str) -> tuple[int, str, str]:
 
 
 def test_every_case_has_an_expected_file_and_vice_versa():
-    assert len(CASES) >= 35
+    assert CASES
     expected = sorted(p.stem for p in BAD.glob("*.expected"))
     assert expected == CASES
+    assert sorted(p.name for p in BAD.iterdir()) == sorted(
+        f"{n}{suffix}" for n in CASES for suffix in (".patch", ".expected"))
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_every_patch_breaks_the_base_and_says_how(name):
+    text = bad_spec_text(name)
+    assert text != BASE.read_text()
+    assert text == "" or text.startswith("# mini.yaml ")  # which rule it breaks
+
+
+def test_a_patch_that_no_longer_fits_the_base_names_the_case_and_line():
+    patch = "@@ -3 +3 @@\n-family: maxi\n+family: mini2\n"
+    with pytest.raises(PatchError) as e:
+        apply_patch(BASE.read_text(), patch, "renamed_family")
+    assert str(e.value) == ("renamed_family: line 3 of mini.yaml is 'family: mini', the patch "
+                            "removes 'family: maxi'; regenerate the patch")
 
 
 def test_the_base_spec_is_valid(capsys, monkeypatch):
@@ -44,9 +61,8 @@ def test_the_base_spec_is_valid(capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_bad_spec(name, capsys, monkeypatch):
-    monkeypatch.chdir(REPO)
-    rc, out, err = _validate(capsys, f"tests/compiler/bad_specs/{name}.yaml")
+def test_bad_spec(name, capsys, bad_spec):
+    rc, out, err = _validate(capsys, bad_spec(name))
     expected_file = BAD / f"{name}.expected"
     if ACCEPT:
         expected_file.write_text(err)
@@ -58,15 +74,18 @@ def test_bad_spec(name, capsys, monkeypatch):
 
 def test_output_does_not_depend_on_the_working_directory(capsys, monkeypatch, tmp_path):
     """Specs inside the repository are named by their repository path (Note [Spec paths])."""
-    monkeypatch.chdir(tmp_path)
-    rc, _, err = _validate(capsys, str(BAD / "sentinel_duplicate.yaml"))
-    assert rc == 1
-    assert err == (BAD / "sentinel_duplicate.expected").read_text()
+    layouts = []
+    for cwd in (REPO, tmp_path):
+        monkeypatch.chdir(cwd)
+        assert main(["compile", str(BASE), "--out", str(tmp_path / "out")]) == 0
+        layouts.append((tmp_path / "out" / "mini" / "layout.py").read_text())
+    capsys.readouterr()
+    assert layouts[0] == layouts[1]
+    assert "from tests/compiler/good_specs/mini.yaml" in layouts[0].splitlines()[0]
 
 
-def test_several_errors_in_one_spec_are_reported_at_once(capsys, monkeypatch):
-    monkeypatch.chdir(REPO)
-    rc, _, err = _validate(capsys, "tests/compiler/bad_specs/several_errors.yaml")
+def test_several_errors_in_one_spec_are_reported_at_once(capsys, bad_spec):
+    rc, _, err = _validate(capsys, bad_spec("several_errors"))
     assert rc == 1
     messages = [line.split(": error: ", 1)[1] for line in err.splitlines() if ": error: " in line]
     assert messages == [
@@ -78,23 +97,21 @@ def test_several_errors_in_one_spec_are_reported_at_once(capsys, monkeypatch):
     assert err.endswith("pdc validate: 4 errors in 1 of 1 spec\n")
 
 
-def test_several_shape_errors_in_one_spec_are_reported_at_once(capsys, monkeypatch):
-    monkeypatch.chdir(REPO)
-    rc, _, err = _validate(capsys, "tests/compiler/bad_specs/several_shape_errors.yaml")
+def test_several_shape_errors_in_one_spec_are_reported_at_once(capsys, bad_spec):
+    rc, _, err = _validate(capsys, bad_spec("several_shape_errors"))
     assert rc == 1
     locations = [line.split(": error: ")[0] for line in err.splitlines() if ": error: " in line]
     assert locations == [
-        "tests/compiler/bad_specs/several_shape_errors.yaml:13:42",
-        "tests/compiler/bad_specs/several_shape_errors.yaml:15:5",
-        "tests/compiler/bad_specs/several_shape_errors.yaml:17:20",
+        "bad_specs/several_shape_errors.yaml:13:42",
+        "bad_specs/several_shape_errors.yaml:15:5",
+        "bad_specs/several_shape_errors.yaml:17:20",
     ]
 
 
-def test_errors_of_several_specs_are_reported_together(capsys, monkeypatch):
-    monkeypatch.chdir(REPO)
+def test_errors_of_several_specs_are_reported_together(capsys, bad_spec):
     names = ["param_cycle", "bad_dtype", "unknown_key_top_level"]
-    rc, out, err = _validate(capsys, "specs/qwen38.yaml",
-                             *(f"tests/compiler/bad_specs/{n}.yaml" for n in names))
+    rc, out, err = _validate(capsys, str(REPO / "specs" / "qwen38.yaml"),
+                             *(bad_spec(n) for n in names))
     assert rc == 1
     assert out == ""
     bodies = ["".join((BAD / f"{n}.expected").read_text().splitlines(True)[:-1]) for n in names]

@@ -24,20 +24,6 @@ from .failure_tools import R0, Family, Gate, Pair, fill, send_all, tight_knobs, 
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def fam():
-    return Family()
-
-
-@pytest.fixture
-def pair(fam):
-    tight_knobs()
-    p = Pair(fam)
-    yield p
-    p.close()
-    knobs.reset()
-
-
 def start(pair, room, pages, slot, value, gen=0, dpages=None, dslot=None):
     """A request: prefill items hold `value`, decode items hold 0; returns (sender, receiver)."""
     dpages = pages if dpages is None else dpages

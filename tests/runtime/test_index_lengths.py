@@ -16,20 +16,6 @@ from .failure_tools import Family, Pair, fill, tight_knobs, values, wait_for
 PAGE = 4
 
 
-@pytest.fixture(scope="module")
-def fam():
-    return Family()
-
-
-@pytest.fixture
-def pair(fam):
-    tight_knobs()
-    p = Pair(fam)
-    yield p
-    p.close()
-    knobs.reset()
-
-
 def _failed_with(s, rv, reason_part: str) -> None:
     wait_for(lambda: s.poll() == KVPoll.Failed, what="prefill failure")
     wait_for(lambda: rv.poll() == KVPoll.Failed, what="decode failure")

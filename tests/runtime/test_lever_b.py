@@ -5,22 +5,11 @@ layer, and decode ends with every byte."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
-from pdc.runtime import knobs
 from pdc.runtime.endpoints import KVPoll
 
-from .failure_tools import Family, Pair, fill, tight_knobs, values, wait_for
+from .failure_tools import fill, values, wait_for
 
 PAGE = 4
-
-
-@pytest.fixture
-def pair():
-    tight_knobs()
-    p = Pair(Family())
-    yield p
-    p.close()
-    knobs.reset()
 
 
 def test_cached_pages_leave_before_the_forward(pair):

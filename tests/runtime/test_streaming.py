@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import time
 
-import pytest
-from pdc.runtime import knobs
 from pdc.runtime.endpoints import KVPoll
 
-from .failure_tools import Pair, fill, tight_knobs, values, wait_for
+from .failure_tools import fill, values, wait_for
 
 
 class Event:
@@ -27,17 +25,6 @@ class Event:
         if self.error is not None:
             raise self.error
         return self.done
-
-
-@pytest.fixture
-def pair():
-    from .failure_tools import Family
-
-    tight_knobs()
-    p = Pair(Family())
-    yield p
-    p.close()
-    knobs.reset()
 
 
 def _start(pair, room: int):
