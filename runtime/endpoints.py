@@ -263,7 +263,7 @@ class PrefillEndpoint:
             engine.register(base, nbytes)
         # Gather buffers of the staged path; only the transfer worker touches the arena.
         self.arena = _staging_arena(engine, pools)
-        self.launches = _launches(pools)  # worker thread only
+        self.launches = _launches(pools, layout)  # worker thread only
         self.lock = threading.Lock()
         self.rooms: dict[int, _Room] = {}
         self.finished: OrderedDict[int, _Final] = OrderedDict()
@@ -278,6 +278,7 @@ class PrefillEndpoint:
         self.engine_peers: set[bytes] = set()  # agent infos connected (max_registrations)
         self.counters: Counter = Counter()
         self._stop = threading.Event()
+        self.wake = threading.Event()  # set when the worker may have new work
         self._hb_seq = 0
         self._last_hb = 0.0
         self._last_tick = 0.0
@@ -357,6 +358,7 @@ class PrefillEndpoint:
         CUDA event recorded after it (anything with `query()`); the worker issues the layer's
         writes once the event has completed, and never blocks the forward's thread."""
         self._mark(event, lambda c: c.ready_layers.add(layer_id))
+        self.wake.set()
 
     def forward_done(self, event=None) -> None:
         """The forward finished: every streaming chunk sent so far is complete (once `event`,
@@ -411,6 +413,7 @@ class PrefillEndpoint:
 
     def close(self) -> None:
         self._stop.set()
+        self.wake.set()
         self.worker.join(timeout=5)
         self.hub.close()
         _deregister_arena(self.engine, self.arena)
@@ -435,6 +438,12 @@ class PrefillEndpoint:
         self._reply(identity, self._status(room, generation, KVPoll.Failed, why))
 
     def _on_message(self, identity: bytes, payload: bytes) -> None:
+        try:
+            self._on_decoded(identity, payload)
+        finally:
+            self.wake.set()  # a request, abort or registration may give the worker work
+
+    def _on_decoded(self, identity: bytes, payload: bytes) -> None:
         try:
             msg = self.wire.decode(payload)
         except W.WireError as e:
@@ -737,6 +746,7 @@ class PrefillEndpoint:
     def _work(self) -> None:
         sleep_s = knobs.get("poll_sleep_s")
         while not self._stop.is_set():
+            self.wake.clear()  # before the scan: work that arrives during it sets it again
             busy = waiting = False
             if self._waiting_events:
                 self._poll_events()
@@ -757,8 +767,12 @@ class PrefillEndpoint:
                     with self.lock:
                         r.fail(f"internal error: {e!r}")
             if not busy:
-                # Nothing moved: poll in-flight writes again soon, but never spin on them.
-                time.sleep(sleep_s if waiting else sleep_s * 10)
+                # Nothing moved: poll in-flight writes again soon, but never spin on them;
+                # with none in flight, sleep until a message or a sender call wakes us.
+                if waiting:
+                    time.sleep(sleep_s)
+                else:
+                    self.wake.wait(sleep_s * 10)
 
     def _poll_inflight(self, r: _Room) -> None:
         still = []
@@ -939,6 +953,12 @@ class PrefillEndpoint:
         if positions is None:
             positions = c.positions[t.peer.rank] = staging.chunk_positions(
                 self.layout, c.chunk, t.target, self.page_size)
+        if self.launches is not None:
+            offs_a, lens_a = self.launches.gather_chunk(link, st.blocks, self.pools.view,
+                                                        positions, layers, st.local)
+            if len(offs_a) and not self.engine.orders_after(self.pools.device):
+                self.pools.sync()  # the engine reads the gather buffer once it is submitted
+            return staging.merge_descriptors(base + offs_a, st.remote_addr + offs_a, lens_a)
         # Blocks of one component share the chunk's runs of items: (component, j0, n) -> (ids,
         # blocks), checked once and, with the copy kernels, gathered in one launch.
         groups: dict[tuple, tuple] = {}
@@ -951,13 +971,10 @@ class PrefillEndpoint:
         for (comp, j0, n), (ids, blocks) in groups.items():
             pools = [self.pools.view(comp, link.entries[b.entry].src_pos) for b in blocks]
             check_capacity(ids, min(p.shape[0] for p in pools), f"prefill '{comp}'")
-            if self.launches is not None:
-                self.launches.gather(link, blocks, self.pools.view, ids, j0, st.local)
             for b, pool in zip(blocks, pools, strict=True):
                 tb = b.segment.total_bytes
                 at = b.offset + j0 * tb
-                if self.launches is None:
-                    staging.gather(pool, ids, b.segment, st.local[at:at + n * tb])
+                staging.gather(pool, ids, b.segment, st.local[at:at + n * tb])
                 offs.append(at)
                 lens.append(n * tb)
         if offs:
@@ -1092,15 +1109,16 @@ class PrefillEndpoint:
             self._on_request(identity, msg)
 
 
-def _launches(pools: RankPools) -> staging.Launches | None:
-    """Copy-kernel launches for the staged path on device pools (the staging_copies knob)."""
+def _launches(pools: RankPools, layout) -> staging.Launches | None:
+    """Copy-kernel launches for the staged path on device pools (the staging_copies knob),
+    through the family's generated kernels module where it has one."""
     mode = knobs.get("staging_copies")
     if mode not in ("auto", "torch", "kernels"):
         raise ValueError(f"staging_copies is {mode!r}; use auto, torch or kernels")
     device = getattr(pools, "device", None)
     if device is None or mode == "torch" or (mode == "auto" and device.type != "cuda"):
         return None
-    return staging.Launches()
+    return staging.Launches(staging.family_kernels(layout))
 
 
 def _staging_arena(engine: TransferEngine, pools: RankPools) -> staging.Arena | None:
@@ -1180,6 +1198,7 @@ class PrefillSender:
                 return
             r.chunks.append(_Chunk(chunk, self._chunk_id, stream))
             self._chunk_id += 1
+        self.ep.wake.set()
 
     def send_cached(self, page_ids, cached_tokens: int) -> None:
         """Send the pages prefill holds from its own prefix cache now, before the forward.
@@ -1217,6 +1236,7 @@ class PrefillSender:
         with self.ep.lock:
             if self._r.fail("aborted by prefill"):
                 self.ep.counters["prefill_aborts"] += 1
+        self.ep.wake.set()
 
 
 # ~~~ decode ~~~
@@ -1268,7 +1288,7 @@ class DecodeEndpoint:
         # Staging regions handed to prefill ranks. Registered before agent_info(): NIXL peers
         # only accept writes into memory listed in the metadata they received.
         self.arena = _staging_arena(engine, pools)
-        self.launches = _launches(pools)  # hub thread only (scatters run in _complete)
+        self.launches = _launches(pools, layout)  # hub thread only (scatters run in _complete)
         self.lock = threading.Lock()
         self.recvs: dict[tuple[int, int], _Recv] = {}
         self.reg_state: dict[str, tuple[KVPoll, str]] = {}
@@ -1431,6 +1451,9 @@ class DecodeEndpoint:
             for name, (off, nbytes, blocks) in rv.staged.items():
                 link = self.links[self.source_rank[name]]
                 region = self.arena.view(off, nbytes)
+                if self.launches is not None:
+                    self.launches.scatter_link(link, blocks, self.pools.view, ids, region)
+                    continue
                 by_component: dict[str, list] = {}
                 for b in blocks:
                     by_component.setdefault(link.entries[b.entry].component, []).append(b)
@@ -1438,10 +1461,6 @@ class DecodeEndpoint:
                     pools = [self.pools.view(comp, link.entries[b.entry].dst_pos) for b in bs]
                     check_capacity(ids[comp], min(p.shape[0] for p in pools),
                                    f"decode '{comp}'")
-                    if self.launches is not None:
-                        if len(ids[comp]):
-                            self.launches.scatter(link, bs, self.pools.view, ids[comp], region)
-                        continue
                     for b, pool in zip(bs, pools, strict=True):
                         staging.scatter(pool, ids[comp], b.segment,
                                         region[b.offset:b.offset + b.items * b.segment.total_bytes])

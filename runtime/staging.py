@@ -15,18 +15,20 @@ window pages, slot, aux row and ring rows in the order of the request's ids). Bo
 compute it from the plan and the decode target alone, so a chunk knows where its items go
 without any further message.
 
-Copies run with numpy on host pools (pools.RankPools) and with torch indexing on the pools'
-device for pools.TensorPools; the generated Triton kernels (generated/<family>/kernels.py)
-implement the same gather/scatter contract as single launches.
+Copies run with numpy on host pools (pools.RankPools) and, for device pools, as one copy-kernel
+launch per component (`Launches`) through the family's generated kernels module
+(generated/<family>/kernels.py), or with torch indexing (the staging_copies knob).
 """
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 
-from .indices import DecodeTarget, PrefillChunk, contiguous_runs
+from .indices import DecodeTarget, IndexError_, PrefillChunk, check_capacity, contiguous_runs
 from .layout_types import FamilyLayout
 from .plan_types import Link, Segment
 from .pools import address
@@ -52,8 +54,23 @@ def request_items(layout: FamilyLayout, target: DecodeTarget, page_size: int) ->
     return out
 
 
-def link_blocks(link: Link, items: dict[str, int]) -> tuple[list[Block], int]:
-    """Blocks of the partial entries of `link` and the region's total bytes."""
+# Note [Staging programs]: a link's blocks, and everything derived from them (pool views,
+# kernel entry tables, dense-layout checks), depend only on the link and on how many items the
+# request moves per component, never on the page ids. An 8K Llama-70B link has 160 blocks; built
+# per request they cost milliseconds of Python on each side, the staged path's whole fixed
+# cost (BENCHMARKS.md (k)). So `link_blocks` returns one tuple per (link, items), kept across
+# requests, and `Launches` keys its programs by that tuple's identity.
+_BLOCKS_LIMIT = 1024
+_blocks_cache: dict[tuple, tuple] = {}  # (id(link), items) -> (link, blocks, region bytes)
+
+
+def link_blocks(link: Link, items: dict[str, int]) -> tuple[tuple[Block, ...], int]:
+    """Blocks of the partial entries of `link` and the region's total bytes (Note [Staging
+    programs]: the same tuple for the same link and item counts)."""
+    key = (id(link), tuple(sorted(items.items())))
+    hit = _blocks_cache.get(key)
+    if hit is not None and hit[0] is link:
+        return hit[1], hit[2]
     blocks, offset = [], 0
     for i, e in enumerate(link.entries):
         if e.whole_item:
@@ -61,7 +78,11 @@ def link_blocks(link: Link, items: dict[str, int]) -> tuple[list[Block], int]:
         for seg in e.segments:
             blocks.append(Block(i, seg, e.component, offset, items[e.component]))
             offset += items[e.component] * seg.total_bytes
-    return blocks, offset
+    if len(_blocks_cache) >= _BLOCKS_LIMIT:
+        _blocks_cache.clear()
+    out = tuple(blocks)
+    _blocks_cache[key] = (link, out, offset)
+    return out, offset
 
 
 def partial_descriptors(link: Link, items: dict[str, int]) -> int:
@@ -229,57 +250,147 @@ class Arena:
 
 
 
+def family_kernels(layout: FamilyLayout):
+    """The generated kernels module of the layout's family, or None when it has none."""
+    import importlib
+
+    try:
+        return importlib.import_module(f"pdc.generated.{layout.py_name}.kernels")
+    except ModuleNotFoundError:
+        return None
+
+
+@dataclass(frozen=True)
+class _Group:
+    """The blocks of one component of a link, as one copy-kernel launch."""
+
+    component: str
+    table: object  # copy_kernels.EntryTable over the blocks' pools
+    capacity: int  # items every pool of the group holds
+    items: int  # items of the component the request moves
+    offsets: np.ndarray  # int64 [blocks]: block offsets in the link's region, bytes
+    total_bytes: np.ndarray  # int64 [blocks]: bytes per item of each block
+    unit_bytes: int  # bytes per item of all the group's blocks together
+    dense_at: int  # region offset of the kernels' dense layout, or -1 (Note [Staging layout])
+
+
 class Launches:
     """One-launch gathers and scatters with the copy kernels (runtime/copy_kernels.py) for
     device pools: every staging block of one component and one run of items moves in a single
     launch instead of one torch op per block. The kernels' packed layout (entry e's item j at
-    `staging_offsets[e] + j * packed_bytes`) is Note [Staging layout] with the blocks' offsets.
+    `staging_offsets[e] + j * packed_bytes`) is Note [Staging layout] with the blocks' offsets;
+    when a component's blocks follow each other in the region and the run covers all its
+    items, that is the kernels' dense layout and the launch needs no offsets at all.
 
-    Entry tables (the kernel's device-side view of pools and segments) are built once per set
-    of blocks and side and kept, at most `limit` of them (streaming asks for one set per
-    layer)."""
+    Programs (Note [Staging programs]) are built once per blocks tuple, side and layer set and
+    kept, at most `limit` of them (streaming asks for one set per layer)."""
 
-    def __init__(self, limit: int = 512):
-        from collections import OrderedDict
-
+    def __init__(self, kernels=None, limit: int = 512):
+        # The family's generated kernels module (generated/<family>/kernels.py: the copy
+        # kernels with the word alignment each component's copies may promise), or None for
+        # the generic kernels (a spec evaluated with overrides has no generated module).
+        self.kernels = kernels
         self.limit = limit
-        self.tables: OrderedDict = OrderedDict()
+        self.tables: OrderedDict = OrderedDict()  # key -> (blocks, {component: _Group})
+        self._lock = threading.Lock()
 
-    def _table(self, side: str, link: Link, blocks: list[Block], view):
+    def _copy(self, direction: str, comp: str, *args, **kw) -> None:
+        if self.kernels is not None and comp in self.kernels.ALIGN:
+            getattr(self.kernels, direction)(comp, *args, **kw)
+            return
         from . import copy_kernels as K
 
-        # Entries and segments only: offsets vary with the request and are launch arguments.
-        key = (side, link.prefill, link.decode, tuple((b.entry, b.segment) for b in blocks))
-        table = self.tables.get(key)
-        if table is None:
-            entries = []
-            for b in blocks:
-                e, s = link.entries[b.entry], b.segment
-                pool = view(e.component, e.src_pos if side == "src" else e.dst_pos)
-                spec = (K.SegmentSpec(s.src_offset, s.nbytes, s.repeat, s.src_stride,
+        getattr(K, direction)(*args, **kw)
+
+    def _groups(self, side: str, link: Link, blocks: tuple[Block, ...], view, layers):
+        key = (side, id(blocks), None if layers is None else tuple(sorted(layers)))
+        with self._lock:
+            hit = self.tables.get(key)
+            if hit is not None and hit[0] is blocks:
+                self.tables.move_to_end(key)
+                return hit[1]
+        from . import copy_kernels as K
+
+        by_component: dict[str, list[Block]] = {}
+        for b in blocks:
+            e = link.entries[b.entry]
+            if layers is None or e.layer_id in layers:
+                by_component.setdefault(e.component, []).append(b)
+        groups = {}
+        for comp, bs in by_component.items():
+            entries, capacity = [], None
+            for b in bs:
+                e, sg = link.entries[b.entry], b.segment
+                pool = view(comp, e.src_pos if side == "src" else e.dst_pos)
+                capacity = pool.shape[0] if capacity is None else min(capacity, pool.shape[0])
+                spec = (K.SegmentSpec(sg.src_offset, sg.nbytes, sg.repeat, sg.src_stride,
                                       pool.shape[1]) if side == "src" else
-                        K.SegmentSpec(s.dst_offset, s.nbytes, s.repeat, s.dst_stride,
+                        K.SegmentSpec(sg.dst_offset, sg.nbytes, sg.repeat, sg.dst_stride,
                                       pool.shape[1]))
                 entries.append(K.Entry(pool, spec))
-            table = self.tables[key] = K.EntryTable(entries)
+            table = K.EntryTable(entries)
+            offsets = np.array([b.offset for b in bs], np.int64)
+            total = np.array([b.segment.total_bytes for b in bs], np.int64)
+            items = bs[0].items
+            dense = bool(np.array_equal(offsets - offsets[0],
+                                        items * np.asarray(table.prefix_bytes, np.int64)))
+            groups[comp] = _Group(comp, table, int(capacity), items, offsets, total,
+                                  int(total.sum()), int(offsets[0]) if dense else -1)
+        with self._lock:
+            self.tables[key] = (blocks, groups)
             while len(self.tables) > self.limit:
                 self.tables.popitem(last=False)
-        self.tables.move_to_end(key)
-        return table
+        return groups
 
-    def gather(self, link: Link, blocks: list[Block], view, ids: np.ndarray, j0: int,
-               out) -> None:
-        """Items `ids` (staging positions j0..) of every block, all of one component."""
-        from . import copy_kernels as K
+    def gather_chunk(self, link: Link, blocks: tuple[Block, ...], view, positions,
+                     layers, out) -> tuple[np.ndarray, np.ndarray]:
+        """Pack a chunk's items (`positions`: chunk_positions) of the link's blocks into the
+        gather buffer `out`; returns the (offsets, bytes) of the region it filled."""
+        offs, lens = [], []
+        for comp, g in self._groups("src", link, blocks, view, layers).items():
+            if comp not in positions:
+                continue
+            src, j = positions[comp]
+            if not len(j):
+                continue
+            starts, _, runs = contiguous_runs(j, j)
+            at = 0
+            for j0, n in zip(starts.tolist(), runs.tolist(), strict=True):
+                ids = src[at:at + n]
+                at += n
+                if j0 + n > g.items:
+                    raise IndexError_(f"'{comp}' staging item {j0 + n - 1} is outside the "
+                                      f"{g.items} items decode asked for")
+                check_capacity(ids, g.capacity, f"prefill '{comp}'")
+                if g.dense_at >= 0 and j0 == 0 and n == g.items:
+                    self._copy("gather", comp, g.table, _index(out, ids),
+                               out[g.dense_at:g.dense_at + n * g.unit_bytes],
+                               check_indices=False)
+                    offs.append(np.array([g.dense_at], np.int64))
+                    lens.append(np.array([n * g.unit_bytes], np.int64))
+                    continue
+                at_bytes = g.offsets + j0 * g.total_bytes
+                self._copy("gather", comp, g.table, _index(out, ids), out,
+                           check_indices=False, staging_offsets=at_bytes.tolist())
+                offs.append(at_bytes)
+                lens.append(n * g.total_bytes)
+        if not offs:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return np.concatenate(offs), np.concatenate(lens)
 
-        table = self._table("src", link, blocks, view)
-        K.gather(table, _index(out, ids), out, check_indices=False,
-                 staging_offsets=[b.offset + j0 * b.segment.total_bytes for b in blocks])
-
-    def scatter(self, link: Link, blocks: list[Block], view, ids: np.ndarray, region) -> None:
-        """Every item of every block (all of one component) from a staging region."""
-        from . import copy_kernels as K
-
-        table = self._table("dst", link, blocks, view)
-        K.scatter(table, _index(region, ids), region, check_indices=False,
-                  staging_offsets=[b.offset for b in blocks])
+    def scatter_link(self, link: Link, blocks: tuple[Block, ...], view,
+                     ids: dict[str, np.ndarray], region) -> None:
+        """Every item of every block from a link's staging region into the pools (`ids`:
+        target_ids, decode item ids per component)."""
+        for comp, g in self._groups("dst", link, blocks, view, None).items():
+            got = ids[comp]
+            check_capacity(got, g.capacity, f"decode '{comp}'")
+            if not len(got):
+                continue
+            if g.dense_at >= 0:
+                self._copy("scatter", comp, g.table, _index(region, got),
+                           region[g.dense_at:g.dense_at + g.items * g.unit_bytes],
+                           check_indices=False)
+            else:
+                self._copy("scatter", comp, g.table, _index(region, got), region,
+                           check_indices=False, staging_offsets=g.offsets.tolist())

@@ -95,6 +95,13 @@ class TransferEngine(ABC):
     def backend(self) -> str:
         return self.plan_backend or self.name
 
+    def orders_after(self, device) -> bool:
+        """True when `submit_write` queues its reads after the work already queued on the
+        calling thread's current stream of `device` (engines that copy on CUDA streams), so
+        a producer need not wait for its copies before submitting; False: the engine reads
+        memory as soon as it is submitted, and the caller synchronizes first."""
+        return False
+
     def transport(self) -> TransportInfo:
         """Note [Reported transport]; engines override this."""
         return TransportInfo(self.name, "unknown")

@@ -711,6 +711,12 @@ class LocalDeviceEngine(LocalEngine):
         torch.cuda.synchronize(a)
         torch.cuda.synchronize(b)
 
+    def orders_after(self, device) -> bool:
+        """Writes wait on an event recorded on the caller's current stream (`_ready_event`)."""
+        import torch
+
+        return self._cuda and device is not None and torch.device(device) == self.device
+
     # -- streams and events -------------------------------------------------------------------
 
     def _stream(self, device, role: str):

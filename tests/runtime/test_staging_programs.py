@@ -1,0 +1,97 @@
+"""Note [Staging programs]: a link's staging blocks and copy-kernel programs are built once
+per (link, item counts) and reused by every request, and a component whose blocks follow
+each other in the region moves in the kernels' dense layout (no per-block offsets)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from pdc.runtime import staging
+from pdc.runtime.family import Family
+from pdc.runtime.indices import DecodeTarget, IndexError_
+from pdc.runtime.pools import Capacity, TensorPools
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def llama():
+    family = Family.load("llama3_70b")
+    plan = family.plan_for("tp=2", "tp=1", "local")
+    return family.layout, plan
+
+
+def _pools(layout, plan, side, rank):
+    return TensorPools(layout, plan.registration(side, rank), Capacity(pages=4, slots=1,
+                       aux_rows=1, window_pages=1), "cpu")
+
+
+def test_blocks_are_one_tuple_per_link_and_item_counts(llama):
+    layout, plan = llama
+    link = plan.links[0]
+    items = staging.request_items(layout, DecodeTarget(np.arange(3), 0, aux_row=0), 16)
+    first, nbytes = staging.link_blocks(link, items)
+    again, _ = staging.link_blocks(link, dict(items))
+    other, other_bytes = staging.link_blocks(link, {**items, "kv": 2})
+    assert again is first
+    assert other is not first and other_bytes == nbytes * 2 // 3
+    assert len(first) == 160  # 80 layers, K and V: one block per partial entry segment
+
+
+def test_llama_links_move_in_the_dense_layout_with_one_program_per_request_shape(llama):
+    layout, plan = llama
+    link = plan.links[1]
+    pools = _pools(layout, plan, "prefill", link.prefill)
+    items = {"kv": 3, "aux_first_token": 1}
+    blocks, nbytes = staging.link_blocks(link, items)
+    launches = staging.Launches()
+    groups = launches._groups("src", link, blocks, pools.view, None)
+    assert list(groups) == ["kv"]
+    kv = groups["kv"]
+    assert (kv.dense_at, kv.items, kv.unit_bytes * kv.items) == (0, 3, nbytes)
+    assert launches._groups("src", link, blocks, pools.view, None) is groups
+    one_layer = launches._groups("src", link, blocks, pools.view, {kv_layer(link)})
+    assert len(one_layer["kv"].offsets) == 2 and len(launches.tables) == 2
+
+
+def kv_layer(link) -> int:
+    return next(e.layer_id for e in link.entries if e.component == "kv")
+
+
+def test_a_run_past_the_items_decode_asked_for_is_refused(llama):
+    layout, plan = llama
+    link = plan.links[0]
+    pools = _pools(layout, plan, "prefill", link.prefill)
+    blocks, nbytes = staging.link_blocks(link, {"kv": 2, "aux_first_token": 1})
+    out = torch.zeros(nbytes, dtype=torch.uint8)
+    positions = {"kv": (np.array([0, 1, 2]), np.array([0, 1, 2]))}
+    with pytest.raises(IndexError_) as e:
+        staging.Launches().gather_chunk(link, blocks, pools.view, positions, None, out)
+    assert str(e.value) == "'kv' staging item 2 is outside the 2 items decode asked for"
+
+
+def test_device_pools_copy_through_the_familys_generated_kernels(llama):
+    from pdc.runtime import knobs
+    from pdc.runtime.endpoints import _launches
+
+    layout, plan = llama
+    link = plan.links[0]
+    pools = _pools(layout, plan, "prefill", link.prefill)
+    pools.arena.random_(0, 256, generator=torch.Generator().manual_seed(3))
+    knobs.override(staging_copies="kernels")
+    try:
+        launches = _launches(pools, layout)
+    finally:
+        knobs.reset()
+    assert launches.kernels.__name__ == "pdc.generated.llama3_70b.kernels"
+    blocks, nbytes = staging.link_blocks(link, {"kv": 2, "aux_first_token": 1})
+    out = torch.zeros(nbytes, dtype=torch.uint8)
+    positions = {"kv": (np.array([3, 1]), np.array([0, 1]))}
+    offs, lens = launches.gather_chunk(link, blocks, pools.view, positions, None, out)
+    assert (offs.tolist(), lens.tolist()) == ([0], [nbytes])
+    want = torch.zeros(nbytes, dtype=torch.uint8)
+    for b in blocks:
+        pool = pools.view("kv", link.entries[b.entry].src_pos)
+        tb = b.segment.total_bytes
+        staging.gather(pool, np.array([3, 1]), b.segment, want[b.offset:b.offset + 2 * tb])
+    assert torch.equal(out, want)
