@@ -5,13 +5,16 @@ from __future__ import annotations
 import pytest
 from pdc.runtime import knobs
 
-from .failure_tools import Family, Pair, tight_knobs
+# failure_tools is imported inside the fixtures: it needs the compiler's front end (jsonschema,
+# yaml), which a bare GPU image running the engine tests (bench/run_gpu_engines.sh) lacks.
 
 
 @pytest.fixture(scope="module")
 def fam():
     """The tiny test family (tests/runtime/specs/tiny.yaml), prefill tp=1 -> decode tp=1; a
     module that needs another topology defines its own `fam`."""
+    from .failure_tools import Family
+
     return Family()
 
 
@@ -19,6 +22,8 @@ def fam():
 def pair(fam):
     """Prefill and decode endpoints of `fam` over the local engine, with the tight knobs
     (short timeouts) the failure tests rely on; closed, and knobs reset, after the test."""
+    from .failure_tools import Pair, tight_knobs
+
     tight_knobs()
     p = Pair(fam)
     yield p
