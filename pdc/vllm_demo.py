@@ -37,7 +37,9 @@ class DemoError(RuntimeError):
     pass
 
 
-def engine_env(core: int) -> dict:
+def engine_env(core: int | str) -> dict:
+    """The environment of one engine process; `core` is VLLM_CPU_OMP_THREADS_BIND's value: a
+    core for a TP-1 engine, one core per TP rank separated by '|' ("0|1") for TP 2."""
     env = dict(os.environ)
     env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_OMP_THREADS_BIND=str(core),
                VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOGGING_LEVEL="WARNING",
@@ -51,7 +53,7 @@ class Engine:
     """One pdc.vllm_engine process and a DEALER socket to it."""
 
     def __init__(self, python: str, workdir: Path, role: str, model: str, family: str,
-                 engine: str, core: int, block_size: int = 32, extra: dict | None = None,
+                 engine: str, core: int | str, block_size: int = 32, extra: dict | None = None,
                  tp: int = 1):
         import zmq
 
