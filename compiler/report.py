@@ -72,11 +72,11 @@ def plan_report(layout: FamilyLayout, plan: Plan, tokens: int, coverage: list) -
     }
 
 
-TABLE_COLUMNS = 100  # the plain table fits a 100-column terminal or log
+TABLE_COLUMNS = 100  # the report fits a 100-column terminal or log (pdc.console prints it)
 
 
 def table_rows(report: dict) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
-    """The per-link table as columns and rows of text (for the plain and the rich table)."""
+    """The per-link table as columns and rows of text (`pdc plan` prints it with rich)."""
     cols = ("link", "entries", "MiB/request", "desc contig", "desc frag", "staged frag",
             "elected")
     rows: list[tuple[str, ...]] = []
@@ -91,9 +91,11 @@ def table_rows(report: dict) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
 
 def report_head(report: dict) -> list[str]:
     head = f"{report['family']}: {report['topology']}"
-    if len(head) > TABLE_COLUMNS:  # break before "-> decode"
-        first, arrow, rest = head.partition(" -> ")
-        head = f"{first}\n  {arrow.strip()} {rest}"
+    if len(head) > TABLE_COLUMNS:  # break before "-> decode", then after the family
+        first, arrow, rest = report["topology"].partition(" -> ")
+        head = f"{report['family']}: {first}\n  {arrow.strip()} {rest}"
+        if max(map(len, head.splitlines())) > TABLE_COLUMNS:
+            head = f"{report['family']}:\n  {first}\n  {arrow.strip()} {rest}"
     return [head, f"request of {report['tokens']} tokens = {report['pages']} pages"]
 
 
@@ -119,20 +121,6 @@ def report_tail(report: dict) -> list[str]:
                "aggregate's byte)" if cov == "proven" else "coverage: FAILED\n  "
                + "\n  ".join(cov))
     return out
-
-
-def render_table(report: dict) -> str:
-    """The plan as plain text, every line within TABLE_COLUMNS (the topology line aside)."""
-    cols, rows = table_rows(report)
-    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
-    right = {1, 2, 3, 4, 5}
-
-    def line(values) -> str:
-        return "  ".join(v.rjust(w) if i in right else v.ljust(w)
-                         for i, (v, w) in enumerate(zip(values, widths, strict=True))).rstrip()
-
-    body = [line(cols), "  ".join("-" * w for w in widths)] + [line(r) for r in rows]
-    return "\n".join([*report_head(report), "", *body, "", *report_tail(report)]) + "\n"
 
 
 def render_json(report: dict, plan: Plan) -> str:

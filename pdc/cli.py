@@ -75,9 +75,12 @@ def _plural(n: int, word: str) -> str:
 
 # ~~~ machine-readable output (Note [JSON output]) ~~~
 # Note [JSON output]: with --json a command prints exactly one JSON object on stdout, on
-# success and on failure alike: {"command", "ok", "exit", ...its result...,
+# success and on failure alike, and nothing else: {"command", "ok", "exit", ...its result...,
 # "errors": [{"file", "line", "col", "message", "hint"}]}. A usage error, a spec error and a
-# failed run differ only in "exit" (2, 1, 1). Diagnostics still go to stderr as text.
+# failed run differ only in "exit" (2, 1, 1) and where the errors point ("<command line>" for
+# a flag). argparse's own refusals are answered so too (main, _Parser). Diagnostics, reports
+# and progress go to stderr as text (Note [Console output] in pdc/console.py). The keys per
+# command are listed in docs/cli.md.
 
 _JSON_ARG = arg("--json", action="store_true",
                 help="print one JSON object on stdout (errors included) instead of text")
@@ -313,7 +316,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from pdc.compiler.driver import spec_display_path
     from pdc.compiler.family import plan_spec
     from pdc.compiler.frontend import parse_spec_text, read_spec_text
-    from pdc.compiler.report import plan_report, render_json, render_table
+    from pdc.compiler.report import plan_report, render_json
     from pdc.compiler.topology import parse_side_arg
 
     if args.tokens < 1 or args.tokens > 2**24:
@@ -346,8 +349,24 @@ def cmd_plan(args: argparse.Namespace) -> int:
             _err(f"pdc plan: error: {drawn}")
             return _print_json("plan", 1, [{"file": "--svg/--png", "line": 0, "col": 0,
                                             "message": drawn, "hint": ""}]) if args.json else 1
-    sys.stdout.write(render_json(report, plan) if args.json else render_table(report))
+    if args.json:
+        sys.stdout.write(render_json(report, plan))
+    else:
+        print_plan(report, sys.stdout)
     return code
+
+
+def print_plan(report: dict, out) -> None:
+    """The plan report as text: head, the per-link table (rich, Note [Console output]) and
+    the tail, every line within 100 columns."""
+    from pdc.compiler.report import report_head, report_tail, table_rows
+    from pdc.console import print_table, wrap
+
+    cols, rows = table_rows(report)
+    head = [wrap(part) for line in report_head(report) for part in line.split("\n")]
+    out.write("\n".join(head) + "\n\n")
+    print_table(cols, rows, out, right=(1, 2, 3, 4, 5), indent=0)
+    out.write("\n" + "\n".join(report_tail(report)) + "\n")
 
 
 def _draw_plan(layout, plan, report, svg: Path | None, png: Path | None) -> str:
@@ -414,20 +433,34 @@ def cmd_vllm_demo(args: argparse.Namespace) -> int:
     for the reference, then a prefill and a decode engine (separate processes, PdcConnector
     as kv_producer and kv_consumer), sends every prompt through a minimal PD proxy and
     compares each generated token with the reference. Needs the vLLM environment
-    (scripts/install-vllm.sh). Exits 0 only when every prompt is token-identical.
-    """
-    from rich.console import Console
+    (scripts/install-vllm.sh). The table goes to stdout, progress to stderr.
 
+    Exit status: 0 when every prompt is token-identical, 1 otherwise (a spec error, no vLLM
+    environment, a failed prompt), 2 for a usage error.
+    """
     from .vllm_demo import run_demo
 
-    if args.prompts < 1 or args.tokens < 1:
-        print("pdc vllm-demo: error: --prompts and --tokens must be at least 1", file=sys.stderr)
-        return 2
+    bad = _range_problem((("--prompts", args.prompts, 1, MAX_DEMO_PROMPTS),
+                          ("--tokens", args.tokens, 1, MAX_DEMO_NEW_TOKENS)))
+    if bad:
+        return _usage_error("vllm-demo", *bad, False)
     family = _spec_family(args.spec, "vllm-demo")
     if family is None:
-        return 2
-    return run_demo(family, args.engine, args.prompts, args.tokens, args.seed, Console(),
-                    keep=args.keep)
+        return 1
+    return run_demo(family, args.engine, args.prompts, args.tokens, args.seed, keep=args.keep)
+
+
+# Caps of the demos with real servers: prompts and greedy tokens per prompt.
+MAX_DEMO_PROMPTS = 10_000
+MAX_DEMO_NEW_TOKENS = 1024
+
+
+def _range_problem(checks) -> tuple[str, str] | None:
+    """(message, hint) for the first (flag, value, low, high) whose value is out of range."""
+    for flag, value, low, high in checks:
+        if not low <= value <= high:
+            return f"{flag} is {value}", f"give {flag} from {low} to {high}"
+    return None
 
 
 def _spec_family(path: str, cmd: str) -> str | None:
@@ -468,6 +501,7 @@ def _spec_family(path: str, cmd: str) -> str | None:
         help="serve the per-request transfer metrics of every rank (Prometheus text format, "
              "pdc:kv_transfer_*) on 127.0.0.1:PORT/metrics while the demo runs; 0 picks a "
              "free port"),
+    _JSON_ARG,
 )
 def cmd_demo(args: argparse.Namespace) -> int:
     """Run prefill and decode ranks as local processes and verify every transferred byte.
@@ -478,57 +512,73 @@ def cmd_demo(args: argparse.Namespace) -> int:
     decode prefix-cache hits, fragmented and contiguous pages) through the real transfer
     engine, and checks every byte of every decode item against the aggregate reference.
     Prints requests ok/failed, bytes, descriptors, transfer GB/s and latency p50/p99.
+    With --json the text goes to stderr and stdout holds one JSON object: the spec, the
+    topology, "requests" (total, ok, failed), "bytes_verified", descriptors, batches, links,
+    "transfer_gb_s", "latency_ms" (p50, p99), "transports", "failures" and "errors".
 
-    Exit status: 0 when every request was verified, 1 otherwise.
+    Exit status: 0 when every request was verified, 1 otherwise, 2 for a usage error.
     """
     from pdc.compiler.driver import SPECS_DIR, display_path
     from pdc.demo import default_decode, run_demo
 
-    if args.requests < 1 or args.concurrency < 1:
-        _err("pdc demo: error: --requests and --concurrency must be at least 1")
-        return 2
     bad = _demo_arg_problem(args)
     if bad:
-        return _usage_error("demo", *bad, False)
+        return _usage_error("demo", *bad, args.json)
+    out = sys.stderr if args.json else sys.stdout  # Note [JSON output]
     spec = args.spec or str(display_path(SPECS_DIR / "qwen38.yaml"))
     decode = args.decode
     if decode is None:
         decode, note = default_decode(spec, args.prefill, args.engine)
         if note:
-            print(f"pdc demo: {note}")
-    metrics = None
+            print(f"pdc demo: {note}", file=out)
+    metrics, port = None, None
     if args.metrics_port is not None:
-        if not 0 <= args.metrics_port <= 65535:
-            _err(f"pdc demo: error: --metrics-port {args.metrics_port} is not a TCP port "
-                 "(0-65535; 0 picks a free one)")
-            return 2
         from pdc.runtime.metrics import TransferMetrics
 
         metrics = TransferMetrics()
         try:
             port = metrics.serve(args.metrics_port)
         except OSError as e:
-            _err(f"pdc demo: error: cannot serve metrics on port {args.metrics_port}: "
-                 f"{e.strerror}")
-            return 2
-        print(f"pdc demo: metrics on http://127.0.0.1:{port}/metrics")
+            return _usage_error("demo", f"cannot serve metrics on port {args.metrics_port}: "
+                                f"{e.strerror}", "give a free port, or 0 to pick one",
+                                args.json)
+        print(f"pdc demo: metrics on http://127.0.0.1:{port}/metrics", file=out)
+    summary: dict = {}
     try:
-        return run_demo(spec, args.prefill, decode, args.engine, args.requests,
+        code = run_demo(spec, args.prefill, decode, args.engine, args.requests,
                         concurrency=args.concurrency, seed=args.seed, timeout_s=args.timeout,
-                        stream=args.stream, metrics=metrics, out=sys.stdout)
+                        stream=args.stream, metrics=metrics, out=out, summary=summary)
     finally:
         if metrics is not None:
             metrics.close()
+    if not args.json:
+        return code
+    ran = "ok" in summary
+    figures = {k: summary.get(k) for k in ("descriptors", "batches", "links", "staged_links")}
+    figures.update({k: None if summary.get(v) is None else round(summary[v], 6) for k, v in (
+        ("transfer_s", "transfer_s"), ("wall_s", "wall_s"), ("transfer_gb_s", "gbps"))})
+    return _print_json(
+        "demo", code, summary.get("errors", []), spec=spec, prefill=args.prefill,
+        decode=decode, engine=args.engine, seed=args.seed, stream=args.stream,
+        family=summary.get("family"), topology=summary.get("topology"),
+        rank_processes=summary.get("rank_processes"),
+        ran=ran, requests={"total": args.requests, "ok": summary.get("ok", 0),
+                           "failed": summary.get("failed", 0)},
+        bytes_verified=summary.get("bytes", 0), **figures,
+        latency_ms={q: None if summary.get(f"{q}_ms") is None else round(summary[f"{q}_ms"], 3)
+                    for q in ("p50", "p99")},
+        transports=summary.get("transports", []), failures=summary.get("failures", []),
+        faults=summary.get("faults", []), metrics_port=port)
 
 
 def _parity_arg_problem(args) -> tuple[str, str] | None:
     """(message, hint) of the first argument `pdc parity` refuses, before any process."""
-    for flag, value, low, high in (("--tokens", args.tokens, 1, 4096),
-                                   ("--steps", args.steps, 1, 1000),
-                                   ("--chunk", args.chunk, 1, 4096),
-                                   ("--threads", args.threads, 1, 64)):
-        if not low <= value <= high:
-            return f"{flag} is {value}", f"give {flag} from {low} to {high}"
+    from pdc.compiler.topology import parse_side_arg
+
+    bad = _range_problem((("--tokens", args.tokens, 1, 4096), ("--steps", args.steps, 2, 1000),
+                          ("--chunk", args.chunk, 1, 4096), ("--threads", args.threads, 1, 64)))
+    if bad:
+        return bad
     if not args.timeout > 0 or args.timeout > 3600:
         return (f"--timeout {args.timeout} is not a deadline", "give seconds, more than 0 "
                 "and at most 3600")
@@ -537,35 +587,14 @@ def _parity_arg_problem(args) -> tuple[str, str] | None:
     if e1 or e2:
         d = (e1 + e2)[0]
         return f"{d.loc}: {d.message}", d.hint
+    for flag, text in (("--prefill", args.prefill), ("--decode", args.decode)):
+        if parse_side_arg(text, flag)[0].get("dp", 1) != 1:
+            return (f"{flag} {text}: pdc parity runs one request, so one DP group",
+                    "use dp=1 (or leave dp out)")
     if n_p + n_d > MAX_DEMO_PROCESSES:
         return (f"--prefill and --decode need {n_p + n_d} rank processes, more than "
                 f"{MAX_DEMO_PROCESSES}", "use smaller tp or pp")
     return None
-
-
-def _progress_printer(command: str):
-    """Progress of a long command on stderr: one line per phase, with seconds since start;
-    on a terminal each line replaces the last (rich), in a log one plain line each."""
-    import time
-
-    t0 = time.monotonic()
-    if sys.stderr.isatty():
-        from rich.console import Console
-
-        console = Console(stderr=True)
-        status = console.status(f"pdc {command}: starting")
-        status.start()
-
-        def show(text: str) -> None:
-            status.update(f"pdc {command}: {text} ({time.monotonic() - t0:.1f} s)")
-            if text.startswith("decode model"):
-                status.stop()
-        return show
-
-    def plain(text: str) -> None:
-        print(f"pdc {command}: {time.monotonic() - t0:6.1f} s  {text}", file=sys.stderr,
-              flush=True)
-    return plain
 
 
 # Caps of `pdc demo` (Note [Spec limits]): each rank is a process on this machine.
@@ -587,12 +616,13 @@ def _side_processes(text: str | None, flag: str) -> tuple[int, list]:
 
 def _demo_arg_problem(args) -> tuple[str, str] | None:
     """(message, hint) of the first argument `pdc demo` refuses, before any process starts."""
-    if args.requests > MAX_DEMO_REQUESTS:
-        return (f"--requests {args.requests} is beyond the limit of {MAX_DEMO_REQUESTS}",
-                "run fewer requests per demo")
-    if args.concurrency > MAX_DEMO_CONCURRENCY:
-        return (f"--concurrency {args.concurrency} is beyond the limit of "
-                f"{MAX_DEMO_CONCURRENCY}", "run fewer requests at once")
+    bad = _range_problem((("--requests", args.requests, 1, MAX_DEMO_REQUESTS),
+                          ("--concurrency", args.concurrency, 1, MAX_DEMO_CONCURRENCY)))
+    if bad:
+        return bad
+    if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
+        return (f"--metrics-port {args.metrics_port} is not a TCP port",
+                "give 0-65535; 0 picks a free one")
     if not args.timeout > 0 or args.timeout > 3600:
         return (f"--timeout {args.timeout} is not a deadline", "give seconds, more than 0 "
                 "and at most 3600")
@@ -631,15 +661,18 @@ def cmd_sglang_demo(args: argparse.Namespace) -> int:
     sends N prompts of mixed lengths (several 64-token chunks, 16-token pages, 4 in flight),
     checks every generated token against the plain server and prints prompts ok/failed, MB
     moved, transfer ms and TTFT p50/p99. `--compare` adds SGLang's own mooncake backend on the
-    same settings, side by side.
+    same settings, side by side. The table goes to stdout, progress to stderr.
 
-    Exit status: 0 when every prompt of every run was token-identical, 1 otherwise.
+    Exit status: 0 when every prompt of every run was token-identical, 1 otherwise (no
+    SGLang environment included), 2 for a usage error.
     """
     from pdc.sglang_demo import run_demo
 
-    if args.prompts < 1 or args.in_flight < 1 or args.tokens < 1:
-        _err("pdc sglang-demo: error: --prompts, --in-flight and --tokens must be at least 1")
-        return 2
+    bad = _range_problem((("--prompts", args.prompts, 1, MAX_DEMO_PROMPTS),
+                          ("--in-flight", args.in_flight, 1, MAX_DEMO_CONCURRENCY),
+                          ("--tokens", args.tokens, 1, MAX_DEMO_NEW_TOKENS)))
+    if bad:
+        return _usage_error("sglang-demo", *bad, False)
     return run_demo(args.prompts, args.engine, args.compare, args.in_flight, args.tokens,
                     args.seed, args.keep_logs)
 
@@ -670,6 +703,7 @@ def cmd_sglang_demo(args: argparse.Namespace) -> int:
              "has it); parity must fail and name it"),
     arg("--param", action="append", default=[], metavar="NAME=VALUE",
         help="override a spec param (over the toy sizes a seed spec's binding scales it to)"),
+    _JSON_ARG,
 )
 def cmd_parity(args: argparse.Namespace) -> int:
     """Run tiny transformers models through pdc and check tokens and logits bit for bit.
@@ -683,38 +717,65 @@ def cmd_parity(args: argparse.Namespace) -> int:
     logits of every step must equal single-process generation (the same chunked prefill on
     one cache in one process) bit for bit; on a mismatch the report names the first
     differing step and the layer and component whose transferred state differs from the
-    prefill export. The processes are shared by all SPECs of one call.
+    prefill export. The processes are shared by all SPECs of one call. Progress goes to
+    stderr. With --json the report goes to stderr too and stdout holds one JSON object:
+    "specs", one entry per SPEC ("ok", "ran", family, topology, "tokens", "report" lines,
+    wall_s), and "errors".
 
-    Exit status: 0 when every SPEC reaches parity, 1 otherwise.
+    Exit status: 0 when every SPEC reaches parity, 1 otherwise, 2 for a usage error.
     """
+    from pdc.console import phase_printer
     from pdc.parity import ParityWorkers, run_parity
 
-    if args.threads < 1:
-        _err("pdc parity: error: --threads must be at least 1")
-        return 2
     bad = _parity_arg_problem(args)
     if bad:
-        return _usage_error("parity", *bad, False)
+        return _usage_error("parity", *bad, args.json)
     params = []
     for text in args.param:
         name, sep, value = text.partition("=")
         if not sep or not name.strip() or not value.strip().isdigit():
             return _usage_error("parity", f"cannot read --param {text}",
                                 "write NAME=VALUE with a param the spec declares and a "
-                                "non-negative integer, e.g. --param num_layers=8", False)
+                                "non-negative integer, e.g. --param num_layers=8", args.json)
         params.append((name.strip(), int(value)))
-    with ParityWorkers(threads=args.threads, progress=_progress_printer("parity")) as workers:
-        return run_parity(args.specs, args.prefill, args.decode, args.engine, args.dtype,
-                          workers=workers, tokens=args.tokens, chunk_tokens=args.chunk,
+    report: dict = {}
+    with ParityWorkers(threads=args.threads,
+                       progress=phase_printer("parity", last="decode model")) as workers:
+        code = run_parity(args.specs, args.prefill, args.decode, args.engine, args.dtype,
+                          workers=workers, out=sys.stderr if args.json else sys.stdout,
+                          report=report, tokens=args.tokens, chunk_tokens=args.chunk,
                           steps=args.steps, seed=args.seed, timeout_s=args.timeout,
                           drop=tuple(args.drop), params=tuple(params))
+    if not args.json:
+        return code
+    return _print_json("parity", code, report["errors"], specs=report["specs"],
+                       prefill=args.prefill, decode=args.decode, engine=args.engine,
+                       dtype=args.dtype, threads=args.threads)
 
 
 # ~~~ entry point ~~~
 
 
+class UsageError(Exception):
+    """argparse refused the command line (raised by _Parser.error instead of exiting)."""
+
+    def __init__(self, prog: str, message: str):
+        super().__init__(message)
+        self.prog = prog
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a refused command line raises UsageError, so that `main` can answer
+    it as JSON under --json (Note [JSON output]); the text on stderr is argparse's own."""
+
+    def error(self, message: str):
+        self.print_usage(sys.stderr)
+        _err(f"{self.prog}: error: {message}")
+        raise UsageError(self.prog, message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="pdc",
         description="Compiler and lean runtime for prefill/decode disaggregated LLM state "
         "transfer: one YAML spec per model family, generated layout code under generated/.",
@@ -729,16 +790,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _argv_error(name: str | None, message: str, argv: list[str]) -> int:
+    """Exit status 2 for a command line argparse refused; the JSON object under --json."""
+    if "--json" in argv:
+        help_cmd = f"pdc {name} --help" if name else "pdc --help"
+        _print_json(name, 2, [{"file": "<command line>", "line": 0, "col": 0,
+                               "message": message, "hint": f"see `{help_cmd}`"}])
+    return 2
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = parser.parse_args(argv)
-    except SystemExit as e:  # --help, --version (0) and usage errors (2)
+    except SystemExit as e:  # --help and --version
         return e.code if isinstance(e.code, int) else 0
+    except UsageError as e:
+        # argv[0] names the subcommand (the top level has only --help and --version), also
+        # when the top-level parser refuses the rest ("unrecognized arguments").
+        name = argv[0] if argv and argv[0] in COMMANDS else None
+        return _argv_error(name, str(e), argv)
     if args.command is None:
         parser.print_usage(sys.stderr)
         _err("pdc: error: a command is required (see pdc --help)")
-        return 2
+        return _argv_error(None, "a command is required", argv)
     return COMMANDS[args.command].run(args)
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .console import Counter, error, print_table, wrap
 from .ranks import (
     ROLE_DECODE,
     ROLE_PREFILL,
@@ -278,7 +279,8 @@ def run_demo(spec_path: str, prefill: str, decode: str, engine: str, requests: i
              summary: dict | None = None, metrics=None) -> int:
     """Run the demo; `faults` maps request indices to an injected fault (see Req.fault);
     `stream` sends per layer as a forward reports them (_play_forward); `summary`, when
-    given, receives the printed figures as numbers (for bench/ and tests); `metrics`, a
+    given, receives the printed figures as numbers (for bench/, tests and `pdc demo --json`),
+    and on a failure `errors`: Diagnostics or error dicts (pdc.console.error); `metrics`, a
     runtime.metrics.TransferMetrics, receives every rank's per-request records after each
     wave (serve it to scrape them while the demo runs).
     Exit code 0 when every request ended as expected (verified, or failed cleanly as its
@@ -288,18 +290,21 @@ def run_demo(spec_path: str, prefill: str, decode: str, engine: str, requests: i
     from pdc.compiler.family import plan_spec
     from pdc.compiler.frontend import load_spec
 
+    summary = summary if summary is not None else {}
     try:
         spec = load_spec(spec_path)
         family, plan = plan_spec(spec, prefill, decode, engine)
     except SpecErrors as e:
         print(str(e), file=sys.stderr)
+        summary["errors"] = list(e.diagnostics)
         return 1
     layout, topo = family.layout, plan.topology
     try:
         importlib.import_module(f"pdc.generated.{spec.py_name}.wire")
     except ImportError:
-        print(f"pdc demo: error: generated/{spec.py_name}/wire.py is missing\n"
-              f"  hint: run `pdc compile {spec_path}`", file=sys.stderr)
+        wire, hint = f"generated/{spec.py_name}/wire.py", f"run `pdc compile {spec_path}`"
+        print(f"pdc demo: error: {wire} is missing\n  hint: {hint}", file=sys.stderr)
+        summary["errors"] = [error(wire, f"{wire} is missing", hint)]
         return 1
     page_size = topo.prefill.page_size
     slots = max(concurrency, 1)
@@ -321,21 +326,22 @@ def run_demo(spec_path: str, prefill: str, decode: str, engine: str, requests: i
              for s in range(topo.prefill.pp) for t in range(topo.prefill.tp)]
     ranks += [(ROLE_DECODE, g, s, t) for g in range(topo.decode.dp)
               for s in range(topo.decode.pp) for t in range(topo.decode.tp)]
-    print(f"pdc demo: {spec.family} {topo.describe()}; {len(ranks)} rank processes, "
-          f"{requests} requests" + (", streamed per layer" if stream else ""), file=out)
+    print(wrap(f"pdc demo: {spec.family} {topo.describe()}; {len(ranks)} rank processes, "
+               f"{requests} requests" + (", streamed per layer" if stream else "")), file=out)
+    summary.update(family=spec.family, topology=topo.describe(), rank_processes=len(ranks))
     t_start = time.monotonic()
     procs = Processes("pdc-demo-")
     for side, g, s, t in ranks:
         procs.start(f"{side}-dp{g}-pp{s}-tp{t}", _rank_loop, (cfg, side, g, s, t))
     get = procs.get
-
+    progress = None
     try:
         msg = get()
         boot = msg[1]
         procs.broadcast(boot)
         transports = sorted({get()[5] for _ in ranks})
         outcome: dict[int, list] = {}
-        done = 0
+        progress = Counter("requests", requests)
         for w in range(0, requests, concurrency):
             wave = reqs[w:w + concurrency]
             allocate(plan, layout, wave, rng, cfg.pages, cfg.slots)
@@ -347,29 +353,30 @@ def run_demo(spec_path: str, prefill: str, decode: str, engine: str, requests: i
                 if metrics is not None:
                     for rec in m[6]:
                         metrics.observe(rec)
-            done += len(wave)
-            bar = "#" * (30 * done // requests)
-            print(f"\r  [{bar:<30}] {done}/{requests}", end="", file=sys.stderr, flush=True)
-        print(file=sys.stderr)
+            progress.tick(len(wave))
+        progress.close()
         procs.broadcast(None)
         for _ in ranks:
             get()
     except (RuntimeError, queue.Empty) as e:
-        print(f"pdc demo: error: {e}\n  rank logs: {procs.log_dir}", file=sys.stderr)
+        if progress is not None:
+            progress.close()
+        why = str(e) or "no answer from a rank process in time"
+        print(f"pdc demo: error: {why}\n  rank logs: {procs.log_dir}", file=sys.stderr)
+        summary["errors"] = [error("<demo>", why, f"see the rank logs in {procs.log_dir}")]
         procs.kill()
         return 1
     procs.join()
     wall = time.monotonic() - t_start
     procs.close()
-    return _report(outcome, reqs, wall, out, summary if summary is not None else {},
-                   transports)
+    return _report(outcome, reqs, wall, out, summary, transports)
 
 
 def _report(outcome, reqs, wall, out, summary: dict, transports: list[str]) -> int:
     ok, failed, reasons, nbytes, lat, desc, xfer = 0, 0, [], 0, [], 0, []
     staged, links, batches = 0, 0, 0
     faulted = []
-    for r in reqs:
+    for r in reqs:  # reasons: (room, why) of each failed request
         res = outcome.get(r.room, [])
         if r.fault:
             dec = [x for side, x in res if side == ROLE_DECODE]
@@ -391,7 +398,7 @@ def _report(outcome, reqs, wall, out, summary: dict, transports: list[str]) -> i
         else:
             failed += 1
             why = next((x[2] for _, x in res if x[1] != 3 and x[2]), "no result")
-            reasons.append(f"room {r.room}: {why}")
+            reasons.append((r.room, why))
     p50 = np.percentile(lat, 50) * 1e3 if lat else 0.0
     p99 = np.percentile(lat, 99) * 1e3 if lat else 0.0
     busy = sum(xfer)
@@ -402,7 +409,7 @@ def _report(outcome, reqs, wall, out, summary: dict, transports: list[str]) -> i
     rows = [("requests ok", f"{ok}"), ("requests failed", f"{failed}"),
             ("bytes moved", f"{nbytes / 2**20:.1f} MiB " + (
                 "(every byte verified)" if ok and not failed else
-                f"(every byte of the {ok} verified requests)" if ok else
+                f"(every byte of the {ok} verified request{'s' if ok > 1 else ''})" if ok else
                 "(nothing verified: no request succeeded)")),
             ("descriptors", f"{desc} in {batches} batches (staged path on {staged} of {links} "
                             "links)"),
@@ -412,11 +419,17 @@ def _report(outcome, reqs, wall, out, summary: dict, transports: list[str]) -> i
             ("latency p50", f"{p50:.1f} ms (decode init to verified Success)"),
             ("latency p99", f"{p99:.1f} ms")]
     rows += [("transport", t) for t in transports]
-    for k, v in rows:
-        print(f"  {k:<16} {v}", file=out)
-    for line in reasons[:10]:
-        print(f"  FAILED {line}", file=out)
+    print_table(("", ""), rows, out, header=False, min_widths=(15,))
+    for room, why in reasons[:10]:
+        print(wrap(f"  FAILED room {room}: {why}", indent="    "), file=out)
     for room, fault, clean, why in faulted:
         verdict = "failed cleanly" if clean else "DID NOT FAIL CLEANLY"
-        print(f"  fault {fault} room {room}: {verdict}: {why}", file=out)
-    return 0 if failed == 0 and all(c for _, _, c, _ in faulted) else 1
+        print(wrap(f"  fault {fault} room {room}: {verdict}: {why}", indent="    "), file=out)
+    summary["failures"] = [{"room": room, "reason": why} for room, why in reasons]
+    summary["faults"] = [{"room": room, "fault": fault, "failed_cleanly": clean, "reason": why}
+                         for room, fault, clean, why in faulted]
+    errors = [error("<demo>", f"request room {room} failed: {why}", "") for room, why in reasons]
+    errors += [error("<demo>", f"fault {fault} in room {room} did not fail cleanly: {why}", "")
+               for room, fault, clean, why in faulted if not clean]
+    summary["errors"] = errors
+    return 0 if not errors else 1

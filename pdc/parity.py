@@ -71,9 +71,10 @@ DEFAULT_THREADS = 1  # torch threads per worker; equal everywhere (thread count 
 
 class ParityError(Exception):
     """A problem with the request (spec, topology, options): printed, never a traceback.
-    `diagnostics` is set when the text is the compiler's own (file:line: error: ...)."""
+    `diagnostics` holds the compiler's Diagnostics when the text is theirs (file:line:
+    error: ...)."""
 
-    def __init__(self, message: str, diagnostics: bool = False):
+    def __init__(self, message: str, diagnostics: tuple = ()):
         super().__init__(message)
         self.diagnostics = diagnostics
 
@@ -577,7 +578,7 @@ def prepare(spec_path: str, prefill: str, decode: str, engine: str, dtype: str |
                              deployments=not (binding.params or params))
         family, plan = plan_spec(spec, prefill, decode, engine)
     except SpecErrors as e:
-        raise ParityError(str(e), diagnostics=True) from None
+        raise ParityError(str(e), diagnostics=tuple(e.diagnostics)) from None
     layout, topo = family.layout, plan.topology
     model_dtype = dtype or next((d.dtype for d in spec.dtypes if d.name == binding.dtype_name),
                                 "float32")
@@ -667,6 +668,7 @@ def _floats(dtype: str, raw: np.ndarray) -> np.ndarray:
 class Verdict:
     ok: bool
     lines: list[str]
+    tokens: list[int] = field(default_factory=list)  # the PD run's tokens, when it ran
 
 
 def judge(case: Case, out: Outcome) -> Verdict:
@@ -729,12 +731,12 @@ def judge(case: Case, out: Outcome) -> Verdict:
     if first is None and same_dtype and not diffs and flags_ok:
         lines.append(f"parity   OK: tokens and logits of all {steps} steps bitwise equal to "
                      "single-process generation")
-        return Verdict(True, lines)
+        return Verdict(True, lines, pd_tokens)
     if first is None:
         lines.append("parity   FAILED: tokens and logits are equal, but "
                      + ("the logits dtype differs" if not same_dtype else
                         "the transferred state is not (see above)"))
-        return Verdict(False, lines)
+        return Verdict(False, lines, pd_tokens)
     what = "the prefill's last position" if first == 0 else f"decode step {first}"
     pd, rf = _floats(dtype, pd_rows[first]), _floats(dtype, ref_rows[first])
     n = int((pd_rows[first].view(np.uint8).reshape(vocab, -1) !=
@@ -752,18 +754,24 @@ def judge(case: Case, out: Outcome) -> Verdict:
     else:
         lines.append("cause    every transferred tensor equals the prefill export: the "
                      "difference arises on the decode side")
-    return Verdict(False, lines)
+    return Verdict(False, lines, pd_tokens)
 
 
 def run_parity(specs: list[str], prefill: str = "tp=1", decode: str = "tp=1",
                engine: str = "mooncake", dtype: str | None = None, *,
                workers: ParityWorkers | None = None, out=None, err=None,
-               **options) -> int:
+               report: dict | None = None, **options) -> int:
     """Run every spec's case on one set of workers; 0 when all reach parity, else 1.
     `options` go to `prepare` (tokens, chunk_tokens, steps, seed, timeout_s); `drop` removes
-    the named components from the plan of every spec that has them."""
+    the named components from the plan of every spec that has them. `report`, when given,
+    receives what was printed as data (for `pdc parity --json`): "specs", one dict per SPEC
+    run or refused, and "errors", error dicts (pdc.console.error) or Diagnostics."""
+    from .console import error, wrap
+
     out = out or sys.stdout
     err = err or sys.stderr
+    report = report if report is not None else {}
+    results, errors = report.setdefault("specs", []), report.setdefault("errors", [])
     drop = tuple(options.pop("drop", ()))
     has = {}
     if drop:  # each name must be a component of some SPEC; it is dropped where it is one
@@ -777,8 +785,9 @@ def run_parity(specs: list[str], prefill: str = "tp=1", decode: str = "tp=1",
                 has[spec] = set()  # prepare() reports the spec's errors
         unknown = [d for d in drop if not any(d in names for names in has.values())]
         if unknown:
-            print(f"pdc parity: error: --drop names no component of {', '.join(specs)}: "
-                  f"{', '.join(unknown)}", file=err)
+            message = f"--drop names no component of {', '.join(specs)}: {', '.join(unknown)}"
+            print(f"pdc parity: error: {message}", file=err)
+            errors.append(error("--drop", message, "name a component of a SPEC's `components`"))
             return 1
     own = workers is None
     # `is None`, not `or`: a fresh ParityWorkers has no processes yet, so len() 0 is falsy,
@@ -793,28 +802,49 @@ def run_parity(specs: list[str], prefill: str = "tp=1", decode: str = "tp=1",
                                drop=tuple(d for d in drop if d in has.get(spec, ())))
             except ParityError as e:
                 print(str(e) if e.diagnostics else f"pdc parity: error: {e}", file=err)
+                refused = list(e.diagnostics) or [error(spec, str(e), "")]
+                results.append({"spec": spec, "ok": False, "ran": False})
+                errors.extend(refused)
                 ok = False
                 continue
             except RankCrash as e:
                 print(f"pdc parity: error: {e}", file=err)
+                errors.append(error("<parity>", str(e), "a worker process failed; its "
+                                    "traceback is above"))
                 return 1
             chunks = chunk_plan(len(case.prompt), case.chunk_tokens,
                                 json.loads(case.plan_json)["topology"]["prefill"]["page_size"])
-            print(f"pdc parity: {case.family} ({case.binding.hf_family}, {case.dtype}) "
-                  f"{case.describe}", file=out)
-            print(f"  prompt   {len(case.prompt)} tokens in {len(chunks)} chunks ("
-                  + "+".join(str(c.end_token - c.start_token) for c in chunks)
-                  + f"), {case.steps} steps", file=out)
+            # every line within 100 columns (Note [Console output]): the topology on a line
+            # of its own when it does not fit, continuations under the value
+            head = f"pdc parity: {case.family} ({case.binding.hf_family}, {case.dtype})"
+            print(wrap(f"{head} {case.describe}") if len(head) + len(case.describe) < 100
+                  else f"{wrap(head)}\n{wrap('  ' + case.describe, indent='    ')}", file=out)
+            print(wrap(f"  prompt   {len(case.prompt)} tokens in {len(chunks)} chunks ("
+                       + "+".join(str(c.end_token - c.start_token) for c in chunks)
+                       + f"), {case.steps} steps", indent=" " * 11), file=out)
             try:
                 outcome = workers.run(case)
             except RankCrash as e:
                 print(f"pdc parity: error: {e}", file=err)
+                errors.append(error("<parity>", str(e), "a worker process failed; its "
+                                    "traceback is above"))
                 return 1
             verdict = judge(case, outcome)
             for line in verdict.lines:
-                print(f"  {line}", file=out)
+                print(wrap(f"  {line}", indent=" " * 11), file=out)
             print(f"  wall     {outcome.wall_s:.2f} s"
                   + (" (worker start-up included)" if first_case else ""), file=out)
+            results.append({
+                "spec": spec, "ok": verdict.ok, "ran": True, "family": case.family,
+                "hf_family": case.binding.hf_family, "dtype": case.dtype,
+                "topology": case.describe, "prompt_tokens": len(case.prompt),
+                "chunks": [c.end_token - c.start_token for c in chunks], "steps": case.steps,
+                "tokens": verdict.tokens, "report": verdict.lines,
+                "wall_s": round(outcome.wall_s, 3)})
+            if not verdict.ok:
+                errors.append(error(spec, next((line.strip() for line in verdict.lines
+                                                if "FAILED" in line), verdict.lines[-1]),
+                                    "the report names the first differing step and state"))
             first_case = False
             ok &= verdict.ok
     finally:

@@ -13,11 +13,12 @@ from __future__ import annotations
 import shutil
 import sys
 import tempfile
-import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import sglang_harness as H
+from .console import Counter, print_table, wrap
 
 
 @dataclass
@@ -43,21 +44,10 @@ def _percentile(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
-def _progress(label: str, total: int):
-    done = [0]
-    lock = threading.Lock()
-
-    def tick(result) -> None:
-        with lock:
-            done[0] += 1
-            bar = "#" * (30 * done[0] // total)
-            mark = "" if not result.error else "  (a prompt failed)"
-            print(f"\r  {label:<18} [{bar:<30}] {done[0]}/{total}{mark}", end="",
-                  file=sys.stderr, flush=True)
-            if done[0] == total:
-                print(file=sys.stderr)
-
-    return tick
+def _progress(label: str, total: int) -> tuple[Counter, Callable]:
+    """A progress counter of `total` prompts and the harness's on_done that ticks it."""
+    counter = Counter(label, total)
+    return counter, lambda result: counter.tick(failed=int(bool(result.error)))
 
 
 def run_pair(python: str, model: str, workdir: str, backend: str, engine: str,
@@ -70,8 +60,12 @@ def run_pair(python: str, model: str, workdir: str, backend: str, engine: str,
     try:
         before = H.metrics(pair.prefill.url)
         t0 = time.monotonic()
-        results = H.run_prompts(pair.router.url, prompts, new_tokens, in_flight,
-                                on_done=_progress(label, len(prompts)))
+        progress, on_done = _progress(label, len(prompts))
+        try:
+            results = H.run_prompts(pair.router.url, prompts, new_tokens, in_flight,
+                                    on_done=on_done)
+        finally:
+            progress.close()
         wall = time.monotonic() - t0
         time.sleep(0.5)  # the prefill scheduler observes its last transfer after replying
         after = H.metrics(pair.prefill.url)
@@ -93,25 +87,21 @@ def run_pair(python: str, model: str, workdir: str, backend: str, engine: str,
                [f"prompt {i}: tokens differ from the plain server" for i in mismatched])
 
 
-def print_table(rows: list[Row], n: int, in_flight: int, out=sys.stdout) -> None:
+def print_rows(rows: list[Row], n: int, in_flight: int, out=None) -> None:
+    """One row per backend run (Note [Console output] in pdc/console.py)."""
+    out = out if out is not None else sys.stdout
     head = ("backend", "engine", "ok", "failed", "MB moved", "transfers", "transfer ms",
             "TTFT p50 ms", "TTFT p99 ms", "wall s")
-    lines = [head] + [(r.backend, r.engine, str(r.ok), str(r.failed), f"{r.mb:.3f}",
-                       str(r.transfers), f"{r.transfer_ms_mean:.2f}", f"{r.ttft_p50_ms:.0f}",
-                       f"{r.ttft_p99_ms:.0f}", f"{r.wall_s:.1f}") for r in rows]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-    print(f"pdc sglang-demo: {n} prompts, {in_flight} in flight, tokens checked against a "
-          "plain SGLang server (transfer ms: mean per request, from SGLang's "
-          "sglang:kv_transfer_latency_ms)", file=out)
-    for i, line in enumerate(lines):
-        print("  " + "  ".join(c.rjust(w) if j >= 2 else c.ljust(w)
-                               for j, (c, w) in enumerate(zip(line, widths, strict=True))),
-              file=out)
-        if i == 0:
-            print("  " + "  ".join("-" * w for w in widths), file=out)
+    lines = [(r.backend, r.engine, str(r.ok), str(r.failed), f"{r.mb:.3f}",
+              str(r.transfers), f"{r.transfer_ms_mean:.2f}", f"{r.ttft_p50_ms:.0f}",
+              f"{r.ttft_p99_ms:.0f}", f"{r.wall_s:.1f}") for r in rows]
+    print_table(head, lines, out, right=range(2, len(head)), title=wrap(
+        f"pdc sglang-demo: {n} prompts, {in_flight} in flight, tokens checked against a "
+        "plain SGLang server (transfer ms: mean per request, from SGLang's "
+        "sglang:kv_transfer_latency_ms)"))
     for r in rows:
         for e in r.errors[:10]:
-            print(f"  FAILED {r.backend}/{r.engine} {e}", file=out)
+            print(wrap(f"  FAILED {r.backend}/{r.engine} {e}", indent="    "), file=out)
 
 
 def run_demo(prompts: int, engine: str, compare: bool, in_flight: int, new_tokens: int,
@@ -120,21 +110,24 @@ def run_demo(prompts: int, engine: str, compare: bool, in_flight: int, new_token
     if python is None:
         print("pdc sglang-demo: error: no SGLang environment; run scripts/install-sglang.sh "
               "(or set PDC_SGLANG_PYTHON)", file=sys.stderr)
-        return 2
+        return 1
     workdir = tempfile.mkdtemp(prefix="pdc-sglang-demo-")
     try:
         model = H.make_tiny_model(python, f"{workdir}/tiny-llama")
         batch = H.mixed_prompts(prompts, seed)
-        print(f"pdc sglang-demo: {prompts} prompts of {min(map(len, batch))}.."
-              f"{max(map(len, batch))} tokens ({H.CHUNK_TOKENS}-token chunks, "
-              f"{H.PAGE_SIZE}-token pages), {new_tokens} greedy tokens each; logs in {workdir}",
-              file=sys.stderr)
+        print(wrap(f"pdc sglang-demo: {prompts} prompts of {min(map(len, batch))}.."
+                   f"{max(map(len, batch))} tokens ({H.CHUNK_TOKENS}-token chunks, "
+                   f"{H.PAGE_SIZE}-token pages), {new_tokens} greedy tokens each; logs in "
+                   f"{workdir}"), file=sys.stderr)
         print("pdc sglang-demo: starting a plain server for the reference tokens ...",
               file=sys.stderr)
         plain = H.start_plain(python, model, workdir)
         try:
-            ref = H.run_prompts(plain.url, batch, new_tokens, in_flight,
-                                on_done=_progress("plain", len(batch)))
+            progress, on_done = _progress("plain", len(batch))
+            try:
+                ref = H.run_prompts(plain.url, batch, new_tokens, in_flight, on_done=on_done)
+            finally:
+                progress.close()
         finally:
             plain.stop()
         bad = [r for r in ref if r.error]
@@ -148,7 +141,7 @@ def run_demo(prompts: int, engine: str, compare: bool, in_flight: int, new_token
         if compare:
             rows.append(run_pair(python, model, workdir, "mooncake", "mooncake", batch,
                                  reference, new_tokens, in_flight))
-        print_table(rows, prompts, in_flight)
+        print_rows(rows, prompts, in_flight)
         return 0 if all(r.failed == 0 for r in rows) else 1
     except H.HarnessError as e:
         print(f"pdc sglang-demo: error: {e}", file=sys.stderr)

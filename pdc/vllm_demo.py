@@ -22,6 +22,7 @@ import os
 import random
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -230,15 +231,33 @@ def _pct(xs: list[float], q: float) -> float:
     return ys[min(len(ys) - 1, int(round(q * (len(ys) - 1))))]
 
 
-def run_demo(family: str, engine_name: str, n_prompts: int, max_tokens: int, seed: int,
-             console, keep: bool = False) -> int:
-    from rich.progress import Progress
-    from rich.table import Table
+def print_outcomes(outcomes: list[Outcome], engine_name: str, out) -> None:
+    """One row per prompt (Note [Console output] in pdc/console.py)."""
+    from rich.markup import escape
 
+    from .console import print_table
+
+    rows = []
+    for o in outcomes:
+        t = o.transfer or {}
+        verdict = "[green]identical[/green]" if o.ok else (
+            f"[red]{escape(o.error or t.get('reason') or 'differ')}[/red]")
+        rows.append((str(o.index), str(o.prompt_tokens), str(t.get("prefix_tokens", "-")),
+                     f"{t.get('bytes', 0):,}", f"{o.ttft_s * 1e3:.0f}", verdict))
+    print_table(("#", "prompt", "decode prefix", "bytes", "TTFT ms", "tokens"), rows, out,
+                right=(0, 1, 2, 3, 4), title=f"pdc vllm-demo ({engine_name})", markup=True)
+
+
+def run_demo(family: str, engine_name: str, n_prompts: int, max_tokens: int, seed: int,
+             out=None, keep: bool = False) -> int:
+    """Results on `out` (stdout), progress and errors on stderr."""
+    from .console import Counter, phase_printer, wrap
+
+    out = out if out is not None else sys.stdout
     python = vllm_python()
     if python is None:
-        console.print(f"pdc vllm-demo: error: no vLLM environment\n  hint: {HINT}")
-        return 2
+        print(f"pdc vllm-demo: error: no vLLM environment\n  hint: {HINT}", file=sys.stderr)
+        return 1
     work = Path(tempfile.mkdtemp(prefix="pdc-vllm-demo-"))
     engines: list[Engine] = []
     try:
@@ -249,55 +268,49 @@ def run_demo(family: str, engine_name: str, n_prompts: int, max_tokens: int, see
         if r.returncode != 0:
             raise DemoError(f"making the model failed: {r.stderr.strip()[-2000:]}")
         prompts = make_prompts(n_prompts, seed)
-        console.print(f"model: random-weight Llama for family {family} ({work}/model); "
-                      f"{n_prompts} prompts of {min(map(len, prompts))}-"
-                      f"{max(map(len, prompts))} tokens, {max_tokens} tokens each; "
-                      f"engine {engine_name}")
-        with Progress(console=console, transient=True) as progress:
-            task = progress.add_task("reference: one vLLM engine", total=None)
-            ref_engine = Engine(python, work, "single", model, family, engine_name, core=1)
-            engines.append(ref_engine)
-            ref_engine.wait_up()
-            ref = run_single(ref_engine, prompts, max_tokens)
-            ref_engine.stop()
-            engines.remove(ref_engine)
-            progress.update(task, description="starting prefill and decode engines")
-            pre = Engine(python, work, "prefill", model, family, engine_name, core=0)
-            engines.append(pre)
-            pre.wait_up()
-            dec = Engine(python, work, "decode", model, family, engine_name, core=1)
-            engines.append(dec)
-            dec.wait_up()
-            progress.update(task, description="prompts through prefill -> decode",
-                            total=n_prompts, completed=0)
+        print(wrap(f"model: random-weight Llama for family {family} ({work}/model); "
+                   f"{n_prompts} prompts of {min(map(len, prompts))}-"
+                   f"{max(map(len, prompts))} tokens, {max_tokens} tokens each; "
+                   f"engine {engine_name}"), file=out)
+        phase = phase_printer("vllm-demo", last="prompts")
+        phase("reference: one vLLM engine")
+        ref_engine = Engine(python, work, "single", model, family, engine_name, core=1)
+        engines.append(ref_engine)
+        ref_engine.wait_up()
+        ref = run_single(ref_engine, prompts, max_tokens)
+        ref_engine.stop()
+        engines.remove(ref_engine)
+        phase("starting prefill and decode engines")
+        pre = Engine(python, work, "prefill", model, family, engine_name, core=0)
+        engines.append(pre)
+        pre.wait_up()
+        dec = Engine(python, work, "decode", model, family, engine_name, core=1)
+        engines.append(dec)
+        dec.wait_up()
+        phase("prompts through prefill -> decode")
+        progress = Counter("prompts", n_prompts)
+        try:
             tokens, transfers, ttft, errors = run_pd(
-                pre, dec, prompts, max_tokens, on_done=lambda i: progress.advance(task))
-            free = pre.call({"op": "free_blocks"}), dec.call({"op": "free_blocks"})
+                pre, dec, prompts, max_tokens, on_done=lambda i: progress.tick())
+        finally:
+            progress.close()
+        free = pre.call({"op": "free_blocks"}), dec.call({"op": "free_blocks"})
         outcomes = [Outcome(i, len(p), ref[i], tokens[i], transfers[i], ttft[i], errors[i])
                     for i, p in enumerate(prompts)]
-        table = Table(title=f"pdc vllm-demo ({engine_name})")
-        for col in ("#", "prompt", "decode prefix", "bytes", "TTFT ms", "tokens"):
-            table.add_column(col, justify="right")
-        for o in outcomes:
-            t = o.transfer or {}
-            verdict = "[green]identical[/green]" if o.ok else (
-                f"[red]{o.error or t.get('reason') or 'differ'}[/red]")
-            table.add_row(str(o.index), str(o.prompt_tokens), str(t.get("prefix_tokens", "-")),
-                          f"{t.get('bytes', 0):,}", f"{o.ttft_s * 1e3:.0f}", verdict)
-        console.print(table)
+        print_outcomes(outcomes, engine_name, out)
         ok = sum(o.ok for o in outcomes)
         total_bytes = sum((o.transfer or {}).get("bytes", 0) for o in outcomes)
         ttfts = [o.ttft_s * 1e3 for o in outcomes]
         leaked = [f"{e.role} holds {f['requests']} requests"
                   for e, f in zip((pre, dec), free, strict=True) if f["requests"]]
-        console.print(f"prompts ok: {ok}/{n_prompts}, failed: {n_prompts - ok}; "
-                      f"bytes moved: {total_bytes:,}; TTFT p50 {_pct(ttfts, 0.5):.0f} ms, "
-                      f"p99 {_pct(ttfts, 0.99):.0f} ms; "
-                      f"{'; '.join(leaked) or 'no request left on either engine'}; "
-                      f"{time.monotonic() - t0:.0f} s in all")
+        print(wrap(f"prompts ok: {ok}/{n_prompts}, failed: {n_prompts - ok}; "
+                   f"bytes moved: {total_bytes:,}; TTFT p50 {_pct(ttfts, 0.5):.0f} ms, "
+                   f"p99 {_pct(ttfts, 0.99):.0f} ms; "
+                   f"{'; '.join(leaked) or 'no request left on either engine'}; "
+                   f"{time.monotonic() - t0:.0f} s in all"), file=out)
         return 0 if ok == n_prompts and not leaked else 1
     except DemoError as e:
-        console.print(f"pdc vllm-demo: error: {e}")
+        print(f"pdc vllm-demo: error: {e}", file=sys.stderr)
         return 1
     finally:
         for e in engines:

@@ -273,8 +273,8 @@ def test_demo_serves_metrics_and_names_the_transport(capsys):
 def test_demo_metrics_port_out_of_range_is_a_usage_error(capsys):
     code, _, err = run(capsys, "demo", "--metrics-port", "70000", "--requests", "1")
     assert code == 2
-    assert err == ("pdc demo: error: --metrics-port 70000 is not a TCP port (0-65535; 0 picks a "
-                   "free one)\n")
+    assert err == ("pdc demo: error: --metrics-port 70000 is not a TCP port\n"
+                   "  hint: give 0-65535; 0 picks a free one\n")
 
 
 def test_a_subcommand_is_one_decorated_function(monkeypatch, capsys):

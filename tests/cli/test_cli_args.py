@@ -114,7 +114,8 @@ def test_compile_and_check_json(capsys, tmp_path):
     (["--decode", "tp=1,dp=100"], "need 102 rank processes, more than the 64 a demo starts"),
     (["--timeout", "0"], "--timeout 0.0 is not a deadline"),
     (["--prefill", ""], "--prefill is empty"),
-    (["--requests", "1000000"], "--requests 1000000 is beyond the limit of 100000"),
+    (["--requests", "1000000"], "--requests is 1000000\n  hint: give --requests from 1 to 100000"),
+    (["--concurrency", "0"], "--concurrency is 0\n  hint: give --concurrency from 1 to 256"),
 ])
 def test_demo_refuses_arguments_before_starting_any_process(capsys, argv, message):
     code, out, err = run(capsys, "demo", *argv)

@@ -156,8 +156,6 @@ def _cli(capsys, *argv):
     ([str(SPECS / "llama3-70b.yaml")], "no parity model bound to family 'llama3-70b'"),
     ([spec("hf-llama"), "--prefill", "tp=4", "--decode", "tp=3"],
      "error: attention TP sizes 4 and 3 do not divide each other"),
-    ([spec("hf-llama"), "--decode", "tp=1,dp=2"], "pdc parity runs one request: use dp=1"),
-    ([spec("hf-llama"), "--steps", "1"], "--steps must be at least 2"),
     ([spec("hf-llama"), "--drop", "gdn_conv"], "--drop names no component of "),
     ([str(SPECS / "nope.yaml")], "cannot read spec"),
 ])
@@ -166,6 +164,15 @@ def test_user_errors_exit_1_with_a_message(capsys, argv, message):
     assert rc == 1
     assert err.startswith("pdc parity: error: ") or err.startswith(f"{argv[0]}: error: ")
     assert message in err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--decode", "tp=1,dp=2"], "pdc parity: error: --decode tp=1,dp=2: pdc parity runs one "
+     "request, so one DP group\n  hint: use dp=1 (or leave dp out)\n"),
+    (["--steps", "1"], "pdc parity: error: --steps is 1\n  hint: give --steps from 2 to 1000\n"),
+])
+def test_out_of_range_options_exit_2_before_any_process(capsys, argv, message):
+    assert _cli(capsys, spec("hf-llama"), *argv) == (2, "", message)
 
 
 def test_usage_errors_exit_2(capsys):
@@ -183,12 +190,13 @@ def test_cli_runs_several_specs_and_fails_when_one_fails(capsys):
     assert rc == 1  # stderr holds only progress, one plain line per phase (not a terminal)
     assert err and all(re.match(r"pdc parity: +\d+\.\d s  \S", line) for line in err.splitlines())
     mistral, qwen = out.split("pdc parity: ")[1:]
-    assert mistral.splitlines()[:2] == [
-        "hf-mistral-sw (mistral_sw, bfloat16) prefill tp=1,pp=1,dp=1,page_size=4 -> decode "
-        "tp=1,pp=1,dp=1,page_size=4 over nixl",
+    assert mistral.splitlines()[:3] == [  # within 100 columns: the topology on its own line
+        "hf-mistral-sw (mistral_sw, bfloat16)",
+        "  prefill tp=1,pp=1,dp=1,page_size=4 -> decode tp=1,pp=1,dp=1,page_size=4 over nixl",
         "  prompt   20 tokens in 3 chunks (8+8+4), 10 steps"]
+    assert max(map(len, out.splitlines())) <= 100
     assert f"  {OK}\n" in mistral
-    assert qwen.startswith("hf-qwen3-next (qwen3_next, bfloat16) ")
+    assert qwen.startswith("hf-qwen3-next (qwen3_next, bfloat16)\n  prefill ")
     assert "  parity   FAILED at step 1 (decode step 1): " in qwen
     assert "  cause    layer 0 component gdn_conv (L0.conv): " in qwen
 

@@ -1,0 +1,342 @@
+"""What the commands print: `--json` of demo and parity (Note [JSON output] in pdc/cli.py),
+usage errors as JSON objects, and tables and progress from rich that are plain lines without
+carriage returns when not on a terminal and fit 100 columns (Note [Console output] in
+pdc/console.py)."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+
+import pytest
+
+from pdc.console import Counter, phase_printer, print_table
+from pdc.demo import ROLE_DECODE, ROLE_PREFILL, _report
+from pdc.ranks import Req
+
+from .test_cli import QWEN, REPO, run
+
+HF_LLAMA = REPO / "specs" / "hf-llama.yaml"
+BAD_PARAM = REPO / "tests" / "compiler" / "bad_specs" / "limit_param_bad_name.yaml"
+PARITY_OK = ("parity   OK: tokens and logits of all 10 steps bitwise equal to single-process "
+             "generation")
+
+
+def fits(text: str) -> None:
+    """Plain lines for a log: no carriage return, no escape code, none over 100 columns."""
+    assert "\r" not in text and "\x1b" not in text
+    assert max(len(line) for line in text.splitlines()) <= 100, text
+
+
+# ~~~ pdc demo --json ~~~
+
+DEMO_KEYS = {"command", "ok", "exit", "errors", "spec", "prefill", "decode", "engine", "seed",
+             "stream", "family", "topology", "rank_processes", "ran", "requests",
+             "bytes_verified", "descriptors", "batches", "links", "staged_links", "transfer_s",
+             "wall_s", "transfer_gb_s", "latency_ms", "transports", "failures", "faults",
+             "metrics_port"}
+
+
+def test_demo_json_is_the_only_thing_on_stdout(capsys):
+    code, out, err = run(capsys, "demo", "--engine", "local", "--requests", "3",
+                         "--concurrency", "2", "--json")
+    obj = json.loads(out)
+    assert code == 0 and set(obj) == DEMO_KEYS
+    assert {k: obj[k] for k in ("command", "ok", "exit", "errors", "spec", "prefill", "decode",
+                                "engine", "family", "topology", "rank_processes", "ran",
+                                "requests", "failures", "faults", "metrics_port")} == {
+        "command": "demo", "ok": True, "exit": 0, "errors": [], "spec": "specs/qwen38.yaml",
+        "prefill": "tp=2", "decode": "tp=1", "engine": "local", "family": "qwen38",
+        "topology": "prefill tp=2,pp=1,dp=1,page_size=64 -> decode tp=1,pp=1,dp=1,"
+                    "page_size=64 over local",
+        "rank_processes": 3, "ran": True, "requests": {"total": 3, "ok": 3, "failed": 0},
+        "failures": [], "faults": [], "metrics_port": None}
+    assert obj["bytes_verified"] > 0 and obj["descriptors"] >= obj["links"] > 0
+    assert obj["transports"] == ["local: process_vm_writev (same host, host memory)"]
+    assert 0 < obj["latency_ms"]["p50"] <= obj["latency_ms"]["p99"]
+    # the report and the progress went to stderr, as plain lines
+    assert f"  bytes moved      {obj['bytes_verified'] / 2**20:.1f} MiB (every byte verified)\n" \
+        in err
+    assert re.findall(r"^  requests: (\d/3) \(\d+\.\d s\)$", err, re.M) == ["2/3", "3/3"]
+    fits(err)
+
+
+def test_demo_json_names_the_rejected_topology(capsys):
+    code, out, err = run(capsys, "demo", "--prefill", "tp=4", "--decode", "tp=1", "--engine",
+                         "nixl", "--json")
+    obj = json.loads(out)
+    assert (code, obj["exit"], obj["ok"], obj["ran"]) == (1, 1, False, False)
+    assert obj["requests"] == {"total": 20, "ok": 0, "failed": 0}
+    assert obj["bytes_verified"] == 0 and obj["latency_ms"] == {"p50": None, "p99": None}
+    [e] = obj["errors"]
+    assert e["file"] == "specs/qwen38.yaml" and e["hint"] == (
+        "use equal attention TP on both sides, or a backend that allows it: mooncake, local")
+    assert e["message"].startswith(
+        "backend 'nixl' does not support heterogeneous attention TP (prefill tp=4, decode tp=1): "
+        "rule `hetero_attention_tp: false` at specs/qwen38.yaml:")
+
+
+# ~~~ usage errors: exit 2, one JSON object ~~~
+
+
+@pytest.mark.parametrize(("argv", "message", "hint"), [
+    (["demo", "--requests", "0"], "--requests is 0", "give --requests from 1 to 100000"),
+    (["demo", "--requests", "x"], "argument --requests: invalid int value: 'x'",
+     "see `pdc demo --help`"),
+    (["demo", "--decode", "tp=1,dp=100"], "--prefill tp=2 and --decode tp=1,dp=100 need 102 "
+     "rank processes, more than the 64 a demo starts", "use smaller tp, pp or dp"),
+    (["demo", "--metrics-port", "70000"], "--metrics-port 70000 is not a TCP port",
+     "give 0-65535; 0 picks a free one"),
+    (["parity", str(HF_LLAMA), "--steps", "1"], "--steps is 1", "give --steps from 2 to 1000"),
+    (["parity", str(HF_LLAMA), "--prefill", "tp=1,dp=2"],
+     "--prefill tp=1,dp=2: pdc parity runs one request, so one DP group",
+     "use dp=1 (or leave dp out)"),
+    (["parity"], "the following arguments are required: SPEC", "see `pdc parity --help`"),
+    (["plan", str(QWEN)], "the following arguments are required: --prefill, --decode",
+     "see `pdc plan --help`"),
+    (["validate", "--bogus"], "unrecognized arguments: --bogus", "see `pdc validate --help`"),
+    (["frobnicate"], "argument COMMAND: invalid choice: 'frobnicate' (choose from 'validate', "
+     "'compile', 'check', 'plan', 'vllm-demo', 'demo', 'sglang-demo', 'parity')",
+     "see `pdc --help`"),
+])
+def test_usage_errors_are_exit_2_and_a_json_error_object(capsys, argv, message, hint):
+    code, out, err = run(capsys, *argv, "--json")
+    assert code == 2 and message in err
+    assert json.loads(out) == {
+        "command": argv[0] if argv[0] != "frobnicate" else None, "ok": False, "exit": 2,
+        "errors": [{"file": "<command line>", "line": 0, "col": 0, "message": message,
+                    "hint": hint}]}
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["vllm-demo", "--prompts", "0"], "pdc vllm-demo: error: --prompts is 0\n"
+     "  hint: give --prompts from 1 to 10000\n"),
+    (["vllm-demo", "--tokens", "5000"], "pdc vllm-demo: error: --tokens is 5000\n"
+     "  hint: give --tokens from 1 to 1024\n"),
+    (["sglang-demo", "--in-flight", "1000"], "pdc sglang-demo: error: --in-flight is 1000\n"
+     "  hint: give --in-flight from 1 to 256\n"),
+    (["sglang-demo", "--prompts", "-5"], "pdc sglang-demo: error: --prompts is -5\n"
+     "  hint: give --prompts from 1 to 10000\n"),
+])
+def test_server_demos_cap_their_arguments_with_exit_2(capsys, argv, message):
+    assert run(capsys, *argv) == (2, "", message)
+
+
+def test_vllm_demo_spec_error_is_exit_1(capsys, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(BAD_PARAM.read_text())
+    code, out, err = run(capsys, "vllm-demo", "--spec", str(bad))
+    assert (code, out) == (1, "")
+    assert err.startswith(f"{bad}:11:3: error: key 'kv-heads' in 'params' is not a valid name")
+
+
+# ~~~ pdc parity --json ~~~
+
+
+def test_parity_json_refusal_is_the_located_spec_error(capsys):
+    code, out, err = run(capsys, "parity", str(BAD_PARAM), "--json")
+    assert code == 1 and err.startswith(f"{BAD_PARAM}:11:3: error: ")
+    assert json.loads(out) == {
+        "command": "parity", "ok": False, "exit": 1, "prefill": "tp=1", "decode": "tp=1",
+        "engine": "mooncake", "dtype": None, "threads": 1,
+        "specs": [{"spec": str(BAD_PARAM), "ok": False, "ran": False}],
+        "errors": [{"file": str(BAD_PARAM), "line": 11, "col": 3,
+                    "message": "key 'kv-heads' in 'params' is not a valid name",
+                    "hint": "names match ^[A-Za-z_][A-Za-z0-9_]*$"}]}
+
+
+def test_parity_json_unknown_drop(capsys):
+    code, out, _ = run(capsys, "parity", str(HF_LLAMA), "--drop", "gdn_conv", "--json")
+    obj = json.loads(out)
+    assert (code, obj["exit"], obj["specs"]) == (1, 1, [])
+    assert obj["errors"] == [{"file": "--drop", "line": 0, "col": 0,
+                              "message": f"--drop names no component of {HF_LLAMA}: gdn_conv",
+                              "hint": "name a component of a SPEC's `components`"}]
+
+
+def test_parity_json_reports_each_spec(capsys):
+    code, out, err = run(capsys, "parity", str(HF_LLAMA), "--engine", "local", "--json")
+    obj = json.loads(out)
+    assert (code, obj["ok"], obj["exit"], obj["errors"]) == (0, True, 0, [])
+    [r] = obj["specs"]
+    assert set(r) == {"spec", "ok", "ran", "family", "hf_family", "dtype", "topology",
+                      "prompt_tokens", "chunks", "steps", "tokens", "report", "wall_s"}
+    assert {k: r[k] for k in ("spec", "ok", "ran", "family", "hf_family", "dtype", "topology",
+                              "prompt_tokens", "chunks", "steps")} == {
+        "spec": str(HF_LLAMA), "ok": True, "ran": True, "family": "hf-llama",
+        "hf_family": "llama", "dtype": "float32",
+        "topology": "prefill tp=1,pp=1,dp=1,page_size=4 -> decode tp=1,pp=1,dp=1,page_size=4 "
+                    "over local",
+        "prompt_tokens": 20, "chunks": [8, 8, 4], "steps": 10}
+    assert len(r["tokens"]) == 10 and r["report"][0] == f"tokens   {r['tokens']}"
+    assert r["report"][-1] == PARITY_OK and r["wall_s"] > 0
+    # stderr: progress lines and the report, plain and within 100 columns
+    assert f"  {PARITY_OK}\n" in err and "pdc parity: hf-llama (llama, float32)\n" in err
+    fits(err)
+
+
+# ~~~ tables and progress ~~~
+
+
+def test_plan_table_fits_100_columns_with_a_long_family_and_spec_name(capsys, tmp_path):
+    family = "q" + "-long" * 12 + "-name"  # 66 characters, over the schema's 64 ...
+    family = family[:64]  # ... so the longest a family name can be
+    spec = tmp_path / ("a-spec-with-a-long-file-name-" * 4 + "qwen38.yaml")
+    spec.write_text(QWEN.read_text().replace("family: qwen38", f"family: {family}", 1))
+    code, out, err = run(capsys, "plan", str(spec), "--prefill", "tp=4,pp=2", "--decode",
+                         "tp=1")
+    assert (code, err) == (0, "")
+    fits(out)
+    assert out.splitlines()[:3] == [f"{family}:", "  prefill tp=4,pp=2,dp=1,page_size=64",
+                                    "  -> decode tp=1,pp=1,dp=1,page_size=64 over mooncake"]
+    assert out.splitlines()[5:7] == [
+        "link                entries  MiB/request  desc contig  desc frag  staged frag  elected",
+        "------------------- -------- ------------ ------------ ---------- ------------ -------"]
+
+
+@pytest.mark.parametrize(("spec", "prefill", "decode"), [
+    ("qwen38.yaml", "tp=4", "tp=1"), ("glm52.yaml", "tp=8,pp=2", "tp=4"),
+    ("deepseek-v32.yaml", "tp=8", "tp=1"), ("llama3-70b.yaml", "tp=2", "tp=8,pp=2"),
+])
+def test_the_plan_report_fits_100_columns(capsys, spec, prefill, decode):
+    code, out, _ = run(capsys, "plan", str(REPO / "specs" / spec), "--prefill", prefill,
+                       "--decode", decode)
+    assert code == 0
+    fits(out)
+    report = json.loads(run(capsys, "plan", str(REPO / "specs" / spec), "--prefill", prefill,
+                            "--decode", decode, "--json")[1])
+    elected = {c for lk in report["links"] for c in lk["elected_for"]}
+    assert all(c in out for c in elected)  # listed, wrapped, under the table
+    assert out.splitlines()[-1].startswith("coverage: proven")
+
+
+def _ok(room: int) -> list:
+    # demo results: decode (room, status, why, bytes, seconds, staged links, links),
+    # prefill (room, status, why, bytes, descriptors, transfer seconds, batches); 3 = Success
+    return [(ROLE_DECODE, (room, 3, "", 2**20, 0.010, 1, 2)),
+            (ROLE_PREFILL, (room, 3, "", 0, 5, 0.004, 2))]
+
+
+def _failed(room: int) -> list:
+    return [(ROLE_DECODE, (room, 4, "transfer deadline of 30 s passed", 0, 0.0, 0, 2)),
+            (ROLE_PREFILL, (room, 4, "", 0, 0, 0.0, 0))]
+
+
+@pytest.mark.parametrize(("outcome", "code", "moved"), [
+    ({1000: _ok(1000), 1001: _ok(1001)}, 0, "2.0 MiB (every byte verified)"),
+    ({1000: _ok(1000), 1001: _failed(1001)}, 1, "1.0 MiB (every byte of the 1 verified request)"),
+    ({1000: _failed(1000), 1001: _failed(1001)}, 1,
+     "0.0 MiB (nothing verified: no request succeeded)"),
+])
+def test_demo_report_says_what_was_verified(outcome, code, moved):
+    reqs = [Req(1000, 10, 64, 0), Req(1001, 10, 64, 0)]
+    out, summary = io.StringIO(), {}
+    assert _report(outcome, reqs, 2.5, out, summary, ["local: process_vm_writev"]) == code
+    lines = out.getvalue().splitlines()
+    assert lines[2] == f"  bytes moved      {moved}"
+    failed = [room for room in (1000, 1001) if outcome[room] == _failed(room)]
+    assert [line for line in lines if "FAILED" in line] == [
+        f"  FAILED room {room}: transfer deadline of 30 s passed" for room in failed]
+    assert summary["errors"] == [
+        {"file": "<demo>", "line": 0, "col": 0, "hint": "",
+         "message": f"request room {room} failed: transfer deadline of 30 s passed"}
+        for room in failed]
+
+
+def test_demo_report_wraps_a_long_value_within_100_columns():
+    out = io.StringIO()
+    _report({1000: _ok(1000)}, [Req(1000, 10, 64, 0)], 1.0, out, {},
+            ["mooncake: tcp on 127.0.0.1 " * 6])
+    fits(out.getvalue())
+    assert out.getvalue().splitlines()[-2:] == [
+        "  transport        mooncake: tcp on 127.0.0.1 mooncake: tcp on 127.0.0.1 mooncake: "
+        "tcp on 127.0.0.1",
+        "                   mooncake: tcp on 127.0.0.1 mooncake: tcp on 127.0.0.1 mooncake: "
+        "tcp on 127.0.0.1"]
+
+
+def test_counter_prints_a_plain_line_per_tenth_when_not_a_terminal():
+    err = io.StringIO()
+    c = Counter("requests", 1000, err=err)
+    for i in range(1000):
+        c.tick(failed=int(i == 0))
+    c.close()
+    assert re.findall(r"^  requests: (\d+)/1000, 1 failed \(\d+\.\d s\)$", err.getvalue(),
+                      re.M) == [str(n) for n in range(100, 1001, 100)]
+    fits(err.getvalue())
+
+
+def test_phase_printer_plain_lines():
+    err = io.StringIO()
+    show = phase_printer("parity", err)
+    show("worker 1 of 2 up")
+    show("decode model: generating")
+    assert re.fullmatch(r"pdc parity: +\d+\.\d s  worker 1 of 2 up\n"
+                        r"pdc parity: +\d+\.\d s  decode model: generating\n", err.getvalue())
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_table_on_a_terminal_has_rich_styles_and_in_a_log_plain_lines(monkeypatch):
+    import shutil
+
+    monkeypatch.setattr(shutil, "get_terminal_size", lambda *a: __import__("os").terminal_size(
+        (200, 50)))
+    rows = [("pp0.tp0 -> pp0.tp0", "127", "x " * 80)]
+    log, tty = io.StringIO(), _Terminal()
+    for out in (log, tty):
+        print_table(("link", "entries", "note"), rows, out, right=(1,))
+    fits(log.getvalue())
+    assert log.getvalue().splitlines()[:2] == [
+        "  link                entries  note",
+        "  ------------------- -------- " + "-" * 69]  # 100 columns in all
+    assert "\x1b[" in tty.getvalue()  # bold header, rules: rich on a terminal
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", tty.getvalue())
+    assert max(len(line.rstrip()) for line in plain.splitlines()) <= 100  # capped at 100
+
+
+def test_sglang_demo_table(capsys):
+    from pdc.sglang_demo import Row, print_rows
+
+    rows = [Row("pdc", "mooncake", 16, 0, 0, 12.345, 16, 1.23, 120, 340, 12.3, []),
+            Row("mooncake", "mooncake", 15, 1, 1, 12.3, 16, 2.5, 150, 400, 13.0,
+                ["prompt 3: tokens differ from the plain server"])]
+    out = io.StringIO()
+    print_rows(rows, 16, 4, out)
+    assert out.getvalue() == (
+        "pdc sglang-demo: 16 prompts, 4 in flight, tokens checked against a plain SGLang server "
+        "(transfer ms:\n"
+        "  mean per request, from SGLang's sglang:kv_transfer_latency_ms)\n"
+        "  backend   engine    ok  failed  MB moved  transfers  transfer ms  TTFT p50 ms  "
+        "TTFT p99 ms  wall s\n"
+        "  --------- --------- --- ------- --------- ---------- ------------ ------------ "
+        "------------ ------\n"
+        "  pdc       mooncake  16       0    12.345         16         1.23          120"
+        "          340    12.3\n"
+        "  mooncake  mooncake  15       1    12.300         16         2.50          150"
+        "          400    13.0\n"
+        "  FAILED mooncake/mooncake prompt 3: tokens differ from the plain server\n")
+    fits(out.getvalue())
+
+
+def test_vllm_demo_table_wraps_a_long_failure():
+    from pdc.vllm_demo import Outcome, print_outcomes
+
+    outcomes = [Outcome(0, 17, [1], [1], {"ok": True, "bytes": 123456, "prefix_tokens": 0}, 0.1),
+                Outcome(1, 300, [1], [2], {"ok": True, "bytes": 5, "prefix_tokens": 16}, 0.2,
+                        "decode [rank 0] says: " + "no such block " * 12)]
+    out = io.StringIO()
+    print_outcomes(outcomes, "mooncake", out)
+    fits(out.getvalue())
+    lines = out.getvalue().splitlines()
+    assert lines[:4] == [
+        "pdc vllm-demo (mooncake)",
+        "  #  prompt  decode prefix    bytes  TTFT ms  tokens",
+        "  -- ------- -------------- -------- -------- " + "-" * 54,
+        "  0      17              0  123,456      100  identical"]
+    assert lines[4].startswith("  1     300             16        5      200  decode [rank 0] "
+                               "says: no such block")
