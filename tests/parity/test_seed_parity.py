@@ -148,13 +148,13 @@ def test_cli_qwen38_at_its_scaled_sizes(capsys):
                       "--param", "num_layers=12")
     assert rc == 0, out
     lines = out.splitlines()
-    assert lines[:2] == [
-        "pdc parity: qwen38 (seed_qwen38, float32) prefill tp=2,pp=1,dp=1,page_size=8 -> "
-        "decode tp=1,pp=1,dp=1,page_size=8 over mooncake",
+    assert lines[:3] == [  # within 100 columns: the topology on a line of its own
+        "pdc parity: qwen38 (seed_qwen38, float32)",
+        "  prefill tp=2,pp=1,dp=1,page_size=8 -> decode tp=1,pp=1,dp=1,page_size=8 over mooncake",
         "  prompt   22 tokens in 3 chunks (8+8+6), 10 steps"]
     # 12 layers: 9 GDN (conv + temporal), 3 QSA (k, v, compressed, pending), MTP (k, v) and
     # five request-wide tensors.
-    assert lines[3].startswith("  state    37 tensors, ")
+    assert lines[4].startswith("  state    37 tensors, ")
     assert f"  {OK}" in lines
 
 
