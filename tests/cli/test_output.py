@@ -18,7 +18,6 @@ from pdc.ranks import Req
 from .test_cli import QWEN, REPO, run
 
 HF_LLAMA = REPO / "specs" / "hf-llama.yaml"
-BAD_PARAM = REPO / "tests" / "compiler" / "bad_specs" / "limit_param_bad_name.yaml"
 PARITY_OK = ("parity   OK: tokens and logits of all 10 steps bitwise equal to single-process "
              "generation")
 
@@ -123,10 +122,9 @@ def test_server_demos_cap_their_arguments_with_exit_2(capsys, argv, message):
     assert run(capsys, *argv) == (2, "", message)
 
 
-def test_vllm_demo_spec_error_is_exit_1(capsys, tmp_path):
-    bad = tmp_path / "bad.yaml"
-    bad.write_text(BAD_PARAM.read_text())
-    code, out, err = run(capsys, "vllm-demo", "--spec", str(bad))
+def test_vllm_demo_spec_error_is_exit_1(capsys, bad_spec):
+    bad = bad_spec("limit_param_bad_name")
+    code, out, err = run(capsys, "vllm-demo", "--spec", bad)
     assert (code, out) == (1, "")
     assert err.startswith(f"{bad}:11:3: error: key 'kv-heads' in 'params' is not a valid name")
 
@@ -134,14 +132,15 @@ def test_vllm_demo_spec_error_is_exit_1(capsys, tmp_path):
 # ~~~ pdc parity --json ~~~
 
 
-def test_parity_json_refusal_is_the_located_spec_error(capsys):
-    code, out, err = run(capsys, "parity", str(BAD_PARAM), "--json")
-    assert code == 1 and err.startswith(f"{BAD_PARAM}:11:3: error: ")
+def test_parity_json_refusal_is_the_located_spec_error(capsys, bad_spec):
+    bad = bad_spec("limit_param_bad_name")
+    code, out, err = run(capsys, "parity", bad, "--json")
+    assert code == 1 and err.startswith(f"{bad}:11:3: error: ")
     assert json.loads(out) == {
         "command": "parity", "ok": False, "exit": 1, "prefill": "tp=1", "decode": "tp=1",
         "engine": "mooncake", "dtype": None, "threads": 1,
-        "specs": [{"spec": str(BAD_PARAM), "ok": False, "ran": False}],
-        "errors": [{"file": str(BAD_PARAM), "line": 11, "col": 3,
+        "specs": [{"spec": bad, "ok": False, "ran": False}],
+        "errors": [{"file": bad, "line": 11, "col": 3,
                     "message": "key 'kv-heads' in 'params' is not a valid name",
                     "hint": "names match ^[A-Za-z_][A-Za-z0-9_]*$"}]}
 
