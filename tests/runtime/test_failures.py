@@ -3,7 +3,7 @@ senders, deadlines, caps, peer death and restart, checksums and hostile input.
 
 A manual engine holds writes in flight until the test releases them, so every race of the
 abort protocol can be set up on purpose (see failure_tools). Note [Failure semantics] in
-runtime/endpoints.py states what is checked here.
+runtime/endpoints/__init__.py states what is checked here.
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ def test_a_run_past_the_items_decode_asked_for_is_refused(llama):
 
 def test_device_pools_copy_through_the_familys_generated_kernels(llama):
     from pdc.runtime import knobs
-    from pdc.runtime.endpoints import _launches
+    from pdc.runtime.endpoints.staged import _launches
 
     layout, plan = llama
     link = plan.links[0]

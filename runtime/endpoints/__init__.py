@@ -1,0 +1,65 @@
+"""Prefill and decode endpoints: the request lifecycle on top of plans, pools and an engine.
+
+Serving engines use the contract they know (names follow SGLang's): prefill
+`endpoint.sender(room).send(...)` per chunk; decode `endpoint.receiver(room, generation)
+.init(...)`; both `poll()` -> KVPoll and `abort()`.
+
+Threads per endpoint: one control hub (ZeroMQ; owns the sockets, see control.Hub) and one
+transfer worker (prefill only; owns the engine batches). State shared between them sits
+behind one lock per endpoint. Status is monotone: Bootstrapping < WaitingForInput <
+Transferring < Success; Failed is terminal and carries a reason.
+
+Note [Registration room]: replies to a registration travel as Status messages for the
+reserved room REG_ROOM, so the wire needs no separate message type for them. Messages a
+prefill rank refuses without a room to fail (malformed bytes, an abort from a connection that
+is not the registered rank) are answered the same way, with the reason.
+
+Note [Failure semantics]: what each side promises, so that no byte of a request lands in
+memory that was given to another one.
+- A prefill rank reports a terminal state for a (room, generation) only once none of its
+  writes for it is in flight: Success after the last batch completed, Failed (a Status, or
+  an AbortAck with drained=true to a rank that aborted) after every issued batch completed
+  or failed. A decode rank therefore counts a prefill rank as *quiet* for a request once it
+  has any of these from it. When the writes cannot be drained within `drain_timeout_s`,
+  prefill says so (AbortAck drained=false) and decode quarantines at once.
+- A decode request that fails for any reason of its own (abort, deadline, silent peer,
+  checksum) sends an Abort to every prefill rank not yet quiet. Its pages stay allocated
+  (`page_state` PENDING) until all are quiet (REUSABLE), or for at most
+  `abort_ack_timeout_s`, after which they are QUARANTINED: the serving engine must never
+  reuse them (a frozen prefill rank may wake up and finish its writes).
+- Generations: decode keys requests by (room, generation) and ignores every message of
+  another generation. Prefill serves one use of a room at a time; a request or abort of a
+  newer generation ends the current use (it fails and drains) before the next use starts
+  (Note [Room uses]).
+- Peers: a linked peer silent for `peer_dead_after_s` fails the requests that wait on it,
+  with a reason; a restarted decode rank registers again and replaces its earlier
+  incarnation, whose requests fail; decode re-reads the bootstrap table to reach a restarted
+  prefill rank.
+- Input: every message is decoded defensively (wire.py), every request and abort must come
+  from the connection that registered as that rank, every index is checked before any
+  write, and everything keyed by peer input is capped (knobs.py).
+
+Note [Room uses]: `PrefillEndpoint.rooms` holds the live use of each room. A use starts at the
+first `sender(room)` or TransferRequest, takes its generation from the first request, and
+ends in Success or Failed (retired into the bounded `finished` table). While a failed use
+still drains, a newer request and a new `sender(room)` go to its successor, which becomes
+live when the old use retires. A use that failed before any sender attached (decode aborted
+before prefill started, a bad index) answers the first later `sender(room)` with Failed, so
+a late prefill scheduler learns of the abort instead of waiting for its deadline.
+"""
+
+from .common import REG_ROOM, KVPoll, PageState, RequestStats, check_backend
+from .decode import DecodeEndpoint, DecodeReceiver
+from .prefill import PrefillEndpoint, PrefillSender
+
+__all__ = [
+    "REG_ROOM",
+    "DecodeEndpoint",
+    "DecodeReceiver",
+    "KVPoll",
+    "PageState",
+    "PrefillEndpoint",
+    "PrefillSender",
+    "RequestStats",
+    "check_backend",
+]

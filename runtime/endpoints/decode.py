@@ -1,0 +1,399 @@
+"""The decode front end: `DecodeEndpoint` (one per decode rank) and `DecodeReceiver` (one per
+(room, generation))."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+import numpy as np
+
+from .. import integrity, knobs, staging
+from .. import wire as W
+from ..control import Hub, fetch_table
+from ..engines.base import TransferEngine
+from ..indices import (
+    DecodeTarget,
+    IndexError_,
+)
+from ..layout_types import FamilyLayout
+from ..metrics import RecordBuffer, TransferMetrics, TransferRecord, emit
+from ..plan_types import Plan, RankId, dp_group_of_room
+from ..pools import RankPools
+from .common import (
+    _TERMINAL,
+    REG_ROOM,
+    KVPoll,
+    PageState,
+    _peer_name,
+    check_backend,
+)
+from .handshake import DecodeHandshake
+from .liveness import DecodeLiveness
+from .records import _Recv
+from .staged import DecodeStaging, _deregister_arena, _launches, _staging_arena
+
+
+class DecodeEndpoint(DecodeHandshake, DecodeLiveness, DecodeStaging):
+    """One decode rank's endpoint. Its state lives here; the handshake, liveness and the
+    staged path are its parts, one module each, all working on this state under
+    `self.lock`."""
+
+    def __init__(self, layout: FamilyLayout, wire_module, plan: Plan, rank: RankId,
+                 dp_group: int, engine: TransferEngine, pools: RankPools, bootstrap: str,
+                 metrics: TransferMetrics | RecordBuffer | None = None):
+        check_backend(plan, engine)
+        self.metrics = metrics  # per-request records (runtime/metrics.py); None: log knob only
+        self.rank_label = f"dp{dp_group}.pp{rank.pp}.tp{rank.tp}"
+        self.transport = engine.transport()  # Note [Reported transport]
+        self.layout = layout
+        self.wire = wire_module
+        self.plan = plan
+        self.rank = rank
+        self.dp_group = dp_group
+        self.engine = engine
+        self.pools = pools
+        self.page_size = plan.topology.decode.page_size
+        self.bootstrap = bootstrap
+        for base, nbytes in pools.regions():
+            engine.register(base, nbytes)
+        # Staging regions handed to prefill ranks. Registered before agent_info(): NIXL peers
+        # only accept writes into memory listed in the metadata they received.
+        self.arena = _staging_arena(engine, pools)
+        self.launches = _launches(pools, layout)  # hub thread only (scatters run in _complete)
+        self.lock = threading.Lock()
+        self.recvs: dict[tuple[int, int], _Recv] = {}
+        self.reg_state: dict[str, tuple[KVPoll, str]] = {}
+        self.last_heard: dict[str, float] = {}
+        self.addresses: dict[str, str] = {}
+        self.source_rank: dict[str, RankId] = {}
+        self.links = {lk.prefill: lk for lk in plan.links_to(rank)}
+        self.sources = list(self.links)
+        self.counters: Counter = Counter()
+        self._last_hb = 0.0
+        self._hb_seq = 0
+        self._last_refresh = 0.0
+        self._refreshing = False
+        self._last_tick = 0.0
+        self.max_stall_s = 0.0  # longest gap between two timer runs of the control thread
+        self.last_rejection = ""
+        self._reg_payload = b""
+        # Last: the hub thread starts handling messages and timers at once.
+        self.hub = Hub(self._on_message, bind=False, on_tick=self._tick)
+        table = fetch_table(bootstrap, knobs.get("bootstrap_timeout_s"))
+        buffers = {
+            name: [W.RegEntry(layer_id=b.layer_id, tensor=b.tensor,
+                              base_addr=pools.address(name, i), item_bytes=b.item_bytes,
+                              capacity_items=b.capacity) for i, b in enumerate(bufs)]
+            for name, bufs in pools.buffers.items()
+        }
+        reg = W.Register(
+            side=W.PeerSide.DECODE, dp_group=dp_group, rank=rank,
+            page_size=plan.topology.decode.page_size, plan_digest=bytes.fromhex(plan.digest()),
+            agent_info=engine.agent_info(), control_endpoint="",
+            sections=self.wire.registration_sections(buffers),
+            staging_addr=self.arena.base if self.arena is not None else 0,
+            staging_bytes=len(self.arena.buf) if self.arena is not None else 0)
+        self._reg_payload = self.wire.encode(reg)
+        for g in range(plan.topology.prefill.dp):
+            for src in self.sources:
+                name = _peer_name("prefill", g, src)
+                with self.lock:  # the hub thread reads these tables already
+                    self.source_rank[name] = src
+                    self.reg_state[name] = (KVPoll.Bootstrapping, "")
+                    self.last_heard[name] = time.monotonic()
+                    self.addresses[name] = table[(g, src.pp, src.tp)]
+                self.hub.connect(name, self.addresses[name])
+                self.hub.send(name, self._reg_payload)
+
+    def receiver(self, room: int, generation: int = 0,
+                 prefill_dp_group: int | None = None) -> DecodeReceiver:
+        """Decode's handle on one use of `room`. `prefill_dp_group` is the router's choice
+        of prefill DP rank (Note [DP routing]); without it, room % prefill dp."""
+        return DecodeReceiver(self, room, generation, prefill_dp_group)
+
+    def stats(self) -> dict:
+        with self.lock:
+            out = dict(self.counters)
+            out.update(requests=len(self.recvs), dropped_sends=self.hub.dropped,
+                       handler_errors=self.hub.handler_errors,
+                       max_stall_ms=round(self.max_stall_s * 1e3),
+                       transport=self.transport.describe())
+            return out
+
+    def close(self) -> None:
+        """Stop the control thread and give the staging arena back to the engine (the caller
+        owns the pools and deregisters them)."""
+        self.hub.close()
+        _deregister_arena(self.engine, self.arena)
+
+    def _sources_for(self, room: int, prefill_dp_group: int | None) -> set[str]:
+        """The prefill ranks of the group the router chose (Note [DP routing])."""
+        pdp = self.plan.topology.prefill.dp
+        g = dp_group_of_room(room, pdp) if prefill_dp_group is None else prefill_dp_group
+        if not 0 <= g < pdp:
+            raise ValueError(f"room {room}: prefill dp group {g} does not exist (the plan has "
+                             f"{pdp})")
+        return {_peer_name("prefill", g, s) for s in self.sources}
+
+    def _record(self, rv: _Recv) -> None:
+        # Decode has no forward to wait for: its transfer runs from the request to the end.
+        emit(self.metrics, TransferRecord(
+            side="decode", rank=self.rank_label, room=rv.room, ok=rv.state == KVPoll.Success,
+            reason=rv.reason, bytes=rv.bytes, descriptors=0, batches=len(rv.succeeded),
+            engine=self.engine.name, t_start=rv.t_start, t_bootstrap_done=rv.t_requested,
+            t_first_write=rv.t_requested, t_done=time.monotonic()))
+
+    def _fail(self, rv: _Recv, reason: str) -> None:
+        """Fail a request and tell every source that may still write to stop."""
+        if rv.state in _TERMINAL:
+            return
+        rv.state, rv.reason = KVPoll.Failed, reason
+        self.counters["failed"] += 1
+        self._record(rv)
+        if rv.suspect:
+            self._quarantine(rv)
+        rv.abort_deadline = time.monotonic() + knobs.get("abort_ack_timeout_s")
+        if not rv.requested:
+            return
+        loud = sorted(rv.expected - rv.quiet)
+        if loud:
+            msg = self.wire.encode(W.Abort(room=rv.room, generation=rv.generation,
+                                           decode_rank=self.rank))
+            for name in loud:
+                self.hub.send(name, msg)
+            self.counters["aborts_sent"] += len(loud)
+
+    def _page_state(self, rv: _Recv) -> PageState:
+        if rv.state not in _TERMINAL:
+            return PageState.IN_USE
+        if rv.quarantined:
+            return PageState.QUARANTINED
+        if rv.state == KVPoll.Success or not rv.requested or rv.quiet >= rv.expected:
+            return PageState.REUSABLE
+        return PageState.PENDING
+
+    def _quarantine(self, rv: _Recv) -> None:
+        if not rv.quarantined:
+            rv.quarantined = True
+            self.counters["quarantined"] += 1
+
+    def _complete(self, rv: _Recv) -> None:
+        """Every source reported Success: scatter staged bytes, verify, then Success."""
+        why = self._unstage(rv)
+        if why:
+            self._fail(rv, why)
+            return
+        if knobs.get("checksum"):
+            why = self._verify_checksums(rv)
+            if why:
+                self.counters["checksum_mismatches"] += 1
+                self._fail(rv, why)
+                return
+        rv.state = KVPoll.Success
+        self.counters["succeeded"] += 1
+        self._record(rv)
+
+    def _verify_checksums(self, rv: _Recv) -> str:
+        for name in sorted(rv.expected):
+            st = rv.succeeded[name]
+            if st.checksum is None:
+                return (f"{name} sent no checksum, and this decode rank requires one "
+                        "(set the checksum knob on both sides)")
+            try:
+                pairs = integrity.destination_pairs(self.layout, rv.target, self.page_size,
+                                                    st.page_start, st.page_count)
+            except IndexError_ as e:
+                return f"checksum: {name}: {e}"
+            got = integrity.link_digest(rv.room, rv.generation, self.links[st.prefill_rank],
+                                        self.pools.view, pairs, "dst")
+            if got != st.checksum:
+                return (f"checksum mismatch on the link from {name}: prefill wrote "
+                        f"{st.checksum:#018x}, decode holds {got:#018x}")
+        return ""
+
+    def _on_message(self, name: str, payload: bytes) -> None:
+        try:
+            msg = self.wire.decode(payload)
+        except W.WireError as e:
+            # An unreadable reply to our registration (e.g. the peer compiled another spec:
+            # fingerprint mismatch) fails the registration now instead of at the deadline.
+            with self.lock:
+                self.counters["malformed"] += 1
+                if self.reg_state.get(name, (None,))[0] == KVPoll.Bootstrapping:
+                    self.reg_state[name] = (KVPoll.Failed, f"cannot read its reply: {e}")
+            return
+        with self.lock:
+            self.last_heard[name] = time.monotonic()
+            if isinstance(msg, W.Status):
+                self._on_status(name, msg)
+            elif isinstance(msg, W.AbortAck):
+                rv = self.recvs.get((msg.room, msg.generation))
+                if rv is None or not rv.requested or name not in rv.expected:
+                    self.counters["stale_messages"] += 1
+                    return
+                if msg.drained:
+                    rv.quiet.add(name)
+                else:
+                    rv.loud.add(name)
+                    if rv.state in _TERMINAL:
+                        self._quarantine(rv)
+
+    def _on_status(self, name: str, msg) -> None:
+        if msg.room == REG_ROOM:
+            state = self.reg_state.get(name, (None,))[0]
+            if state in (KVPoll.Bootstrapping, None) or msg.state == KVPoll.WaitingForInput:
+                self.reg_state[name] = (KVPoll(msg.state), msg.reason)
+            elif msg.state == KVPoll.Failed:
+                self.counters["rejected_by_prefill"] += 1
+                self.last_rejection = f"{name}: {msg.reason}"
+            return
+        rv = self.recvs.get((msg.room, msg.generation))
+        if rv is None or not rv.requested or name not in rv.expected or \
+                msg.prefill_rank != self.source_rank[name]:
+            # Unknown room, other generation, or an answer before we asked (a prefill rank
+            # that failed the room first answers our request with that outcome): ignored.
+            self.counters["stale_messages"] += 1
+            return
+        if msg.state == KVPoll.Success:
+            rv.succeeded[name] = msg
+            rv.quiet.add(name)
+            rv.bytes += msg.bytes_written
+            if rv.state not in _TERMINAL and rv.succeeded.keys() >= rv.expected:
+                self._complete(rv)
+        elif msg.state == KVPoll.Failed:
+            rv.quiet.add(name)  # sent only once its writes drained (Note [Failure semantics])
+            self._fail(rv, f"{name}: {msg.reason}")
+            if rv.loud:
+                self._quarantine(rv)
+        elif rv.state < msg.state and rv.state not in _TERMINAL:
+            rv.state = KVPoll(msg.state)
+
+
+class DecodeReceiver:
+    """Decode's handle on one (room, generation)."""
+
+    def __init__(self, ep: DecodeEndpoint, room: int, generation: int,
+                 prefill_dp_group: int | None = None):
+        self.ep = ep
+        self.room = room
+        self.generation = generation
+        sources = ep._sources_for(room, prefill_dp_group)
+        with ep.lock:
+            key = (room, generation)
+            if key in ep.recvs:
+                raise ValueError(f"room {room} generation {generation} is in use; a new use of "
+                                 "the room needs a new generation")
+            self._rv = ep.recvs[key] = _Recv(room, generation, sources)
+
+    def init(self, page_ids, prefix_len: int = 0, *, slot: int = -1, ring_slot: int = -1,
+             aux_row: int = -1, window_page_ids=None) -> None:
+        """Tell prefill where this request's state goes (decode pool ids)."""
+        target = DecodeTarget(np.asarray(page_ids, np.int64), prefix_len, slot, ring_slot,
+                              aux_row, np.asarray(window_page_ids if window_page_ids is not None
+                                                  else [], np.int64))
+        ep = self.ep
+        items = staging.request_items(ep.layout, target, ep.page_size)
+        with ep.lock:
+            rv = self._rv
+            if rv.requested or rv.state in _TERMINAL:
+                raise ValueError(f"room {self.room}: init() after the request started or ended")
+            rv.target = target
+            rv.requested = True
+            rv.t_requested = time.monotonic()
+            rv.deadline = rv.t_requested + knobs.get("transfer_timeout_s")
+            rv.state = KVPoll.WaitingForInput
+            regions = {name: ep._stage(rv, name, items) for name in sorted(rv.expected)}
+            rv.staged_links = len(rv.staged)
+        for name, (addr, nbytes) in regions.items():
+            # One message per source: each link of a staged request has its own region.
+            ep.hub.send(name, ep.wire.encode(W.TransferRequest(
+                room=self.room, generation=self.generation, decode_rank=ep.rank,
+                dst_page_ids=target.page_ids, decode_prefix_tokens=prefix_len, slot=slot,
+                ring_slot=ring_slot, aux_row=aux_row, window_page_ids=target.window_page_ids,
+                staging_addr=addr, staging_bytes=nbytes)))
+
+    def poll(self) -> KVPoll:
+        with self.ep.lock:
+            return self._rv.state
+
+    @property
+    def reason(self) -> str:
+        with self.ep.lock:
+            return self._rv.reason
+
+    @property
+    def bytes(self) -> int:
+        with self.ep.lock:
+            return self._rv.bytes
+
+    @property
+    def page_state(self) -> PageState:
+        with self.ep.lock:
+            return self.ep._page_state(self._rv)
+
+    @property
+    def links(self) -> tuple[int, int]:
+        """(links through the staged path, links) of this request on this decode rank."""
+        with self.ep.lock:
+            return self._rv.staged_links, len(self._rv.expected)
+
+    @property
+    def quarantined(self) -> bool:
+        return self.page_state == PageState.QUARANTINED
+
+    def abort(self, timeout_s: float | None = None, wait: bool = True) -> bool:
+        """Abort (Failed, "aborted by decode") and ask every source to stop. With `wait`,
+        block until the pages are resolved. Returns True when the pages may be reused now,
+        False while they are pending (wait=False) or once they are quarantined; a request
+        that already succeeded returns True."""
+        with self.ep.lock:
+            rv = self._rv
+            if rv.state == KVPoll.Success:
+                return True
+            if rv.state != KVPoll.Failed:
+                self.ep.counters["aborts"] += 1
+            self.ep._fail(rv, "aborted by decode")
+            if timeout_s is not None:
+                rv.abort_deadline = time.monotonic() + timeout_s
+        while wait:
+            state = self.page_state
+            if state != PageState.PENDING:
+                return state == PageState.REUSABLE
+            time.sleep(0.002)
+        return self.page_state == PageState.REUSABLE
+
+    def cancel(self) -> None:
+        """Give up a request before init(): decode named no page, so nothing of it can be
+        written, but every source is told (Abort), so a prefill rank that already holds the
+        request's KV frees it now instead of at its prefill_room_timeout_s. Then release()."""
+        ep = self.ep
+        with ep.lock:
+            rv = self._rv
+            if rv.requested:
+                raise ValueError(f"room {self.room}: cancel() after init(); use abort()")
+            ep._fail(rv, "cancelled by decode")
+            msg = ep.wire.encode(W.Abort(room=rv.room, generation=rv.generation,
+                                         decode_rank=ep.rank))
+            for name in sorted(rv.expected):
+                ep.hub.send(name, msg)
+            ep.counters["aborts_sent"] += len(rv.expected)
+
+    def release(self) -> None:
+        """Forget this request. Pages not yet resolved (in use or pending) are quarantined:
+        the caller gave up waiting, so it must not reuse them."""
+        with self.ep.lock:
+            rv = self._rv
+            if self.ep._page_state(rv) in (PageState.IN_USE, PageState.PENDING):
+                self.ep._fail(rv, "released before it finished")
+                self.ep._quarantine(rv)
+            if rv.staged and self.ep._page_state(rv) == PageState.REUSABLE:
+                self.ep._free_staging(rv)
+            elif rv.staged:
+                # Quarantined with the pages: a late write may still land in the region.
+                self.ep.counters["staging_bytes_quarantined"] += sum(
+                    n for _, n, _ in rv.staged.values())
+                rv.staged.clear()
+            rv.released = True
+            self.ep.recvs.pop((self.room, self.generation), None)

@@ -1,0 +1,188 @@
+"""The handshake: a decode rank registers its buffers with every linked prefill rank, which
+checks them against the plan before it accepts any request (Note [Registration room])."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .. import knobs
+from .. import wire as W
+from ..control import ControlError, bootstrap_call
+from ..datapath import RemoteBuffer
+from ..indices import (
+    DecodeTarget,
+)
+from ..layout_types import FamilyLayout
+from ..plan_types import RankId
+from .common import (
+    _TERMINAL,
+    REG_ROOM,
+    KVPoll,
+    _peer_name,
+)
+from .records import _Peer
+
+
+def _check_target(layout: FamilyLayout, remote: dict, t: DecodeTarget) -> str:
+    """Every id of a decode request against the capacities that decode registered."""
+    for comp in layout.components:
+        bufs = remote.get(comp.name, [])
+        if not bufs:
+            continue
+        cap = min(b.capacity for b in bufs)
+        if comp.index == "page":
+            ids, what = t.page_ids, "page"
+        elif comp.index == "window":
+            ids, what = t.window_page_ids, "window page"
+        elif comp.index == "slot":
+            ids, what = np.array([t.slot]), "slot"
+        elif comp.index == "aux":
+            ids, what = np.array([t.aux_row]), "aux row"
+        else:
+            r = comp.ring_rows
+            ids = t.ring_slot * r + np.arange(r) if t.ring_slot >= 0 else np.array([-1])
+            what = "ring row"
+        if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= cap):
+            bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+            return f"'{comp.name}' {what} {bad} is outside the registered capacity {cap}"
+    return ""
+
+
+class PrefillHandshake:
+    """Registrations arriving at a prefill rank (hub thread); part of PrefillEndpoint."""
+
+    def _validate_register(self, msg) -> str:
+        if msg.side != W.PeerSide.DECODE:
+            return "only decode ranks register with a prefill rank"
+        if msg.dp_group >= self.plan.topology.decode.dp:
+            return (f"decode dp group {msg.dp_group} does not exist (the plan has "
+                    f"{self.plan.topology.decode.dp})")
+        if msg.page_size != self.page_size:
+            return f"page size differs: prefill {self.page_size}, decode {msg.page_size}"
+        if msg.plan_digest != self.digest:
+            return ("plan digest differs: both sides must lower the same spec and topology "
+                    f"(prefill {self.digest.hex()[:12]}, decode {msg.plan_digest.hex()[:12]})")
+        rank = msg.rank
+        try:
+            reg = self.plan.registration("decode", rank)
+        except KeyError:
+            return f"decode rank {rank} is not part of the plan"
+        if rank not in self.links:
+            return f"decode rank {rank} has no link to prefill rank {self.rank}"
+        for comp, section in zip(self.layout.components, msg.sections, strict=True):
+            want = reg.entries(comp.name)
+            got = [(e.tensor, e.layer_id) for e in section.entries]
+            if tuple(got) != want:
+                return (f"component '{comp.name}': decode registered entries {got[:4]}..., the "
+                        f"plan expects {list(want)[:4]}...")
+            for e in section.entries:
+                if e.item_bytes != reg.item_bytes(comp.name):
+                    return (f"component '{comp.name}': item bytes {e.item_bytes} on decode, the "
+                            f"plan expects {reg.item_bytes(comp.name)}")
+        return ""
+
+    def _on_register(self, identity: bytes, msg) -> None:
+        why = self._validate_register(msg)
+        if why:
+            self._reject(identity, "register", why)
+            return
+        key = (msg.dp_group, msg.rank)
+        old = self.peers.get(key)
+        if old is not None and old.identity == identity and old.agent_info == msg.agent_info:
+            self._reply(identity, self._status(REG_ROOM, 0, KVPoll.WaitingForInput))
+            return  # the same incarnation registering again: nothing changes
+        limit = knobs.get("max_registrations")
+        if msg.agent_info not in self.engine_peers and len(self.engine_peers) >= limit:
+            self._reject(identity, "register",
+                         f"too many transfer-engine peers on this prefill rank (limit {limit})")
+            return
+        try:
+            engine_peer = self.engine.connect(msg.agent_info)
+        except Exception as e:  # noqa: BLE001 - engine errors are reported, not raised
+            self._reject(identity, "register", f"cannot connect the transfer engine: {e}")
+            return
+        self.engine_peers.add(msg.agent_info)
+        remote = {
+            comp.name: [RemoteBuffer(e.layer_id, comp.tensors.index(e.tensor), e.base_addr,
+                                     e.item_bytes, e.capacity_items)
+                        for e in section.entries]
+            for comp, section in zip(self.layout.components, msg.sections, strict=True)
+        }
+        name = _peer_name("decode", msg.dp_group, msg.rank)
+        new = _Peer(name, identity, msg.agent_info, engine_peer, remote, msg.dp_group, msg.rank,
+                    (msg.staging_addr, msg.staging_bytes))
+        with self.lock:
+            if old is not None:
+                # A restarted decode rank: its earlier requests name pages of a process that
+                # is gone, and no byte of them may land in the new one; rooms still waiting
+                # for its request would wait for a request that the new process never sends.
+                self.counters["reregistrations"] += 1
+                self.by_identity.pop(old.identity, None)
+                for r in self.rooms.values():
+                    if any(t.peer is old for t in r.targets.values()) or (
+                            msg.rank not in r.targets and r.state not in _TERMINAL and
+                            self._decode_group(r) == msg.dp_group):
+                        r.fail(f"decode rank {name} registered again (restarted); requests of "
+                               "its previous incarnation fail")
+            self.peers[key] = new
+            self.by_identity[identity] = new
+        self.counters["registrations"] += 1
+        self._reply(identity, self._status(REG_ROOM, 0, KVPoll.WaitingForInput))
+
+    def _requester(self, identity: bytes, room: int, rank: RankId) -> _Peer | str:
+        """The registered peer a request or abort must come from, or why it may not."""
+        if rank not in self.links:
+            return f"decode rank {rank} has no link to prefill rank {self.rank}"
+        peer = self.by_identity.get(identity)
+        if peer is None or peer.rank != rank:
+            return f"room {room}: this connection did not register as decode rank {rank}"
+        return peer
+
+
+class DecodeHandshake:
+    """A decode rank's registration with its prefill ranks; part of DecodeEndpoint."""
+
+    def wait_ready(self, timeout_s: float | None = None) -> None:
+        """Block until every linked prefill rank accepted the registration (fail fast)."""
+        timeout_s = knobs.get("bootstrap_timeout_s") if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self.lock:
+                states = dict(self.reg_state)
+            failed = [(n, why) for n, (s, why) in states.items() if s == KVPoll.Failed]
+            if failed:
+                raise ControlError(f"registration rejected by {failed[0][0]}: {failed[0][1]}")
+            if all(s == KVPoll.WaitingForInput for s, _ in states.values()):
+                return
+            if time.monotonic() > deadline:
+                raise ControlError(f"prefill ranks did not accept the registration within "
+                                   f"{timeout_s} s")
+            time.sleep(0.005)
+
+    def _refresh(self, names: list[str]) -> None:
+        """Re-read the bootstrap table and register again with the silent ranks: at their new
+        address when they moved (restarted), else where they are (a restarted rank may get
+        its old port back; a rank that is merely slow answers the repeat as a no-op)."""
+        try:
+            reply = bootstrap_call(self.bootstrap, {"op": "get"},
+                                   max(0.2, knobs.get("reconnect_interval_s")))
+            table = reply.get("table", {})
+            for name in names:
+                g, src = int(name.split(".")[1][2:]), self.source_rank[name]
+                addr = table.get(f"{g}/{src.pp}/{src.tp}")
+                if addr is None:
+                    continue
+                if addr != self.addresses[name]:
+                    with self.lock:
+                        self.addresses[name] = addr
+                        self.reg_state[name] = (KVPoll.Bootstrapping, "")
+                        self.last_heard[name] = time.monotonic()  # a new peer: fresh window
+                        self.counters["reconnects"] += 1
+                    self.hub.connect(name, addr)
+                self.hub.send(name, self._reg_payload)
+        except ControlError:
+            pass  # the leader itself may be gone; try again later
+        finally:
+            self._refreshing = False

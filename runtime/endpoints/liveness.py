@@ -1,0 +1,109 @@
+"""Peer liveness: heartbeats, silent peers, and this process's own stalls (the control thread's
+timer, `Hub(on_tick=...)`)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from .. import knobs
+from .. import wire as W
+from .common import (
+    _TERMINAL,
+    KVPoll,
+    PageState,
+)
+
+
+class PrefillLiveness:
+    """Heartbeats to decode peers; a silent peer fails the requests that wait on it. Part of
+    PrefillEndpoint."""
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        if now - self._last_hb >= knobs.get("heartbeat_interval_s"):
+            self._last_hb = now
+            self._hb_seq += 1
+            hb = self.wire.encode(W.Heartbeat(side=W.PeerSide.PREFILL, rank=self.rank,
+                                              sequence=self._hb_seq,
+                                              monotonic_ns=time.monotonic_ns()))
+            for p in list(self.peers.values()):
+                self.hub.send(p.identity, hb)
+        dead_after = knobs.get("peer_dead_after_s")
+        with self.lock:
+            gap = now - self._last_tick if self._last_tick else 0.0
+            self.max_stall_s = max(self.max_stall_s, gap)
+            stalled = gap > dead_after
+            self._last_tick = now
+            for p in self.peers.values():
+                if stalled:
+                    # This process did not run for a while (stopped or starved): silence it
+                    # could not hear says nothing about the peers. Give them a fresh window.
+                    p.last_heard = max(p.last_heard, now)
+                if p.dead or now - p.last_heard <= dead_after:
+                    continue
+                p.dead = True
+                self.counters["peers_dead"] += 1
+                for r in self.rooms.values():
+                    if p.rank in self.links and r.state not in _TERMINAL and \
+                            self._decode_group(r) == p.dp:
+                        r.fail(f"decode peer {p.name} silent for {dead_after} s")
+
+
+class DecodeLiveness:
+    """Heartbeats to prefill peers, deadlines, silent peers and reconnects (Note [Frozen
+    decode]). Part of DecodeEndpoint."""
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        if now - self._last_hb >= knobs.get("heartbeat_interval_s"):
+            self._last_hb = now
+            self._hb_seq += 1
+            hb = self.wire.encode(W.Heartbeat(side=W.PeerSide.DECODE, rank=self.rank,
+                                              sequence=self._hb_seq,
+                                              monotonic_ns=time.monotonic_ns()))
+            for name in list(self.reg_state):
+                self.hub.send(name, hb)
+        dead_after = knobs.get("peer_dead_after_s")
+        with self.lock:
+            if self._last_tick:
+                self.max_stall_s = max(self.max_stall_s, now - self._last_tick)
+            if self._last_tick and now - self._last_tick > dead_after:
+                # Note [Frozen decode]: this process was stopped (or starved) for longer than
+                # a peer may be silent. The transport may still hold writes that peers gave
+                # up on meanwhile and that land as soon as it runs again, so pages of requests
+                # in flight across the gap are quarantined unless they succeed.
+                self.counters["self_freezes"] += 1
+                for rv in self.recvs.values():
+                    if rv.requested and rv.state != KVPoll.Success:
+                        rv.suspect = True
+                        if rv.state == KVPoll.Failed:
+                            self._quarantine(rv)
+                for n in self.last_heard:  # what it could not hear says nothing of the peers
+                    self.last_heard[n] = now
+            self._last_tick = now
+            dead = {n for n, t in self.last_heard.items() if now - t > dead_after}
+            for rv in self.recvs.values():
+                if rv.state == KVPoll.Failed:
+                    if rv.requested and not rv.quarantined and now > rv.abort_deadline and \
+                            not rv.quiet >= rv.expected:
+                        self._quarantine(rv)
+                    if rv.staged and self._page_state(rv) == PageState.REUSABLE:
+                        self._free_staging(rv)  # no source may write into it any more
+                    continue
+                if rv.state == KVPoll.Success or not rv.requested:
+                    continue
+                missing = sorted(rv.expected - rv.succeeded.keys())
+                if now > rv.deadline:
+                    self._fail(rv, f"timed out after {knobs.get('transfer_timeout_s')} s "
+                                   f"waiting for {', '.join(missing)}")
+                    continue
+                silent = [n for n in missing if n in dead]
+                if silent:
+                    self._fail(rv, f"prefill peer {silent[0]} silent for {dead_after} s")
+        if dead and now - self._last_refresh >= knobs.get("reconnect_interval_s") and \
+                not self._refreshing:
+            self._last_refresh = now
+            self._refreshing = True
+            threading.Thread(target=self._refresh, args=(sorted(dead),), daemon=True,
+                             name="pdc-decode-reconnect").start()

@@ -1,0 +1,333 @@
+"""The transfer worker of a prefill rank (its own thread; owns the engine batches): moves each
+use of a room forward, issues its writes, and retires it."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .. import integrity, knobs
+from .. import wire as W
+from ..datapath import build_descriptors, component_pairs
+from ..engines.base import BatchState, TransferError
+from ..indices import (
+    IndexError_,
+    check_page_coverage,
+    prefill_pages_by_position,
+    remap_kv_slots,
+)
+from ..metrics import TransferRecord, emit
+from ..plan_types import RankId
+from .common import (
+    _TERMINAL,
+    KVPoll,
+)
+from .records import _Chunk, _Final, _Peer, _Room, _Target
+
+
+class PrefillWorker:
+    """Part of PrefillEndpoint (prefill.py), whose state these methods use."""
+
+    def _peers_of(self, r: _Room) -> list[tuple[RankId, _Peer | None]]:
+        g = self._decode_group(r)
+        return [(d, self.peers.get((g, d))) for d in self.links]
+
+    def _work(self) -> None:
+        sleep_s = knobs.get("poll_sleep_s")
+        while not self._stop.is_set():
+            self.wake.clear()  # before the scan: work that arrives during it sets it again
+            busy = waiting = False
+            if self._waiting_events:
+                self._poll_events()
+            with self.lock:
+                rooms = list(self.rooms.values())
+                waiting = bool(self._waiting_events)
+            for r in rooms:
+                try:
+                    busy |= self._advance(r)
+                    waiting |= bool(r.inflight)
+                except Exception as e:  # noqa: BLE001 - one room's bug must not stop all
+                    import sys
+                    import traceback
+
+                    self.counters["worker_errors"] += 1
+                    print(f"pdc: prefill worker error on room {r.room}: {e!r}", file=sys.stderr)
+                    traceback.print_exc()
+                    with self.lock:
+                        r.fail(f"internal error: {e!r}")
+            if not busy:
+                # Nothing moved: poll in-flight writes again soon, but never spin on them;
+                # with none in flight, sleep until a message or a sender call wakes us.
+                if waiting:
+                    time.sleep(sleep_s)
+                else:
+                    self.wake.wait(sleep_s * 10)
+
+    def _poll_inflight(self, r: _Room) -> None:
+        still = []
+        for b in r.inflight:
+            st = self.engine.poll(b)
+            if st is BatchState.PENDING:
+                still.append(b)
+            elif st is BatchState.FAILED:
+                with self.lock:
+                    r.fail(f"transfer failed: {b.reason}")
+        r.inflight = still
+
+    def _advance(self, r: _Room) -> bool:
+        """Move one room forward; returns whether anything happened."""
+        had = len(r.inflight)
+        if had:
+            self._poll_inflight(r)
+        now = time.monotonic()
+        with self.lock:
+            if r.state not in _TERMINAL and now - r.created > knobs.get("prefill_room_timeout_s"):
+                r.fail(self._timeout_reason(r))
+            state = r.state
+            peers = self._peers_of(r)
+        if state == KVPoll.Failed:
+            return self._finish_failed(r)
+        if r.inflight:
+            return len(r.inflight) < had  # still waiting on its writes
+        if any(p is None for _, p in peers) or any(d not in r.targets for d, _ in peers):
+            return False  # waiting for decode registration or its TransferRequest
+        for d, p in peers:
+            if r.targets[d].peer is not p:
+                with self.lock:
+                    r.fail(f"decode rank {p.name} registered again (restarted); requests of "
+                           "its previous incarnation fail")
+                return True
+        progressed = False
+        for c in list(r.chunks):
+            if c.sent_all:
+                continue
+            if not c.stream:
+                layers, finished = None, True
+            elif c.all_ready:
+                layers, finished = (self._all_ids - c.sent_layers), True
+            else:
+                layers, finished = (c.ready_layers - c.sent_layers), False
+                if not layers:
+                    continue
+            with self.lock:
+                if r.state == KVPoll.Failed:
+                    return True  # stop issuing: an abort or a failure arrived meanwhile
+            try:
+                if c.chunk.last and not c.coverage_checked and self._has_pages:
+                    # Before the last chunk's first write (Note [Exact page coverage]).
+                    for t in r.targets.values():
+                        first = min(c.prefix_pages(t.target.prefix_len, self.page_size)
+                                    for c in self.layout.components if c.index == "page")
+                        check_page_coverage([x.chunk for x in r.chunks], t.target,
+                                            self.page_size, first)
+                    c.coverage_checked = True
+                if c.chunk.last and self._slot_valued:
+                    # Only once the row is final: its sentinel's turn (forward_done) or now.
+                    due = [comp for comp in self._slot_valued if comp.name not in r.remapped
+                           and (layers is None or comp.sentinel in layers)]
+                    if due:
+                        self._remap_slots(r, c, due)
+                self._submit(r, c, layers)
+                if finished and r.checksum:
+                    self._digest_chunk(r, c)
+            except (IndexError_, ValueError) as e:
+                with self.lock:
+                    r.fail(f"bad index: {e}")
+                return True
+            except TransferError as e:
+                with self.lock:
+                    r.fail(f"transfer refused: {e}")
+                return True
+            if layers is not None:
+                c.sent_layers |= layers
+            c.sent_all = finished
+            if c.chunk.last and finished:
+                r.last_range = (c.chunk.page_start, len(c.chunk.page_ids))
+            progressed = True
+        if r.inflight:
+            with self.lock:
+                if r.state < KVPoll.Transferring:
+                    r.state = KVPoll.Transferring
+            return True
+        if r.last_seen and all(c.sent_all for c in r.chunks):
+            self._finish_success(r)
+            return True
+        return progressed
+
+    def _timeout_reason(self, r: _Room) -> str:
+        t = knobs.get("prefill_room_timeout_s")
+        missing = [str(d) for d, _ in self._peers_of(r) if d not in r.targets]
+        if missing:
+            return f"no transfer request from decode rank(s) {', '.join(missing)} within {t} s"
+        if not r.has_sender or not r.last_seen:
+            return f"prefill did not send the last chunk within {t} s"
+        return f"transfer not finished within {t} s"
+
+    def _submit(self, r: _Room, c: _Chunk, layers) -> None:
+        """Issue one chunk's writes (`layers`: only these; None: all) to every decode target."""
+        for d, t in r.targets.items():
+            pairs = self._pairs(c, d, t)
+            desc = build_descriptors(self.links[d], self.local, t.peer.remote, pairs, layers,
+                                     whole_only=t.staged is not None)
+            src, dst, nbytes = desc.src, desc.dst, desc.nbytes
+            if t.staged is not None:
+                s2, d2, n2 = self._gather(c, t, self.links[d], layers)
+                src, dst, nbytes = (np.concatenate([a, b.astype(np.uint64)]) for a, b in
+                                    ((src, s2), (dst, d2), (nbytes, n2)))
+            if len(src) == 0:
+                continue
+            if r.stats.batches == 0:
+                r.stats.t_init = time.monotonic()
+            batch = self.engine.submit_write(t.peer.engine_peer, src, dst, nbytes)
+            total = int(nbytes.sum())
+            r.inflight.append(batch)
+            r.stats.bytes += total
+            r.stats.descriptors += len(src)
+            r.stats.batches += 1
+            r.bytes_to[d] = r.bytes_to.get(d, 0) + total
+
+    def _remap_slots(self, r: _Room, c: _Chunk, due: list) -> None:
+        """Note [Slot-valued state]: some request-wide rows hold token slots of the KV page
+        pool (e.g. the DSA top-k seed as physical slots, `holds: kv_slots` in the spec);
+        copied as bytes they would name prefill's pages on decode. Before the last chunk's
+        writes, prefill rewrites its own row to decode's slots of the same token positions
+        (it knows both page lists), and restores the row when the use retires, so a retry
+        starts from the serving engine's values. Every decode rank of the request must hold
+        the same page list (they share one page table); otherwise the request fails."""
+        chunks = [x.chunk for x in r.chunks]
+        n = max((ch.page_start + len(ch.page_ids) for ch in chunks), default=0)
+        src_pages = prefill_pages_by_position(chunks, n)
+        targets = list(r.targets.values())
+        dst = targets[0].target.page_ids
+        if any(not np.array_equal(t.target.page_ids, dst) for t in targets[1:]):
+            raise IndexError_("decode ranks of the request hold different page lists; "
+                              "slot-valued state needs one page table")
+        dst = np.concatenate([np.asarray(dst, np.int64), np.full(max(0, n - len(dst)), -1)])
+        for comp in due:
+            r.remapped.add(comp.name)
+            row_id = c.chunk.aux_row if comp.index == "aux" else c.chunk.slot
+            if row_id < 0:
+                continue  # a missing row id fails the request in component_pairs
+            dtype = np.dtype(comp.dtype)
+            for pos in range(len(self.pools.buffers.get(comp.name, ()))):
+                row = self.pools.view(comp.name, pos)[row_id]
+                host = row if isinstance(row, np.ndarray) else row.cpu().numpy()
+                original = host.copy()
+                mapped = remap_kv_slots(original.view(dtype), src_pages, dst, self.page_size,
+                                        f"'{comp.name}'").astype(dtype)
+                if isinstance(row, np.ndarray):
+                    row[:] = mapped.view(np.uint8)
+                else:
+                    import torch
+
+                    row.copy_(torch.from_numpy(mapped.view(np.uint8)))
+                    original = torch.from_numpy(original).to(row.device)
+                r.remap_saved.append((row, original))
+
+    def _pairs(self, c: _Chunk, d: RankId, t: _Target) -> dict:
+        """Note [Indices once per chunk]."""
+        pairs = c.pairs.get(d)
+        if pairs is None:
+            pairs = c.pairs[d] = component_pairs(self.layout, c.chunk, t.target, self.page_size)
+        return pairs
+
+    def _digest_chunk(self, r: _Room, c: _Chunk) -> None:
+        """Add a complete chunk's source bytes to each link's digest (Note [Link digest])."""
+        for d, t in r.targets.items():
+            pairs = self._pairs(c, d, t)
+            part = integrity.link_digest(r.room, r.generation, self.links[d], self.pools.view,
+                                         pairs, "src")
+            r.digests[d] = integrity.add(r.digests.get(d, 0), part)
+
+    def _finish_success(self, r: _Room) -> None:
+        with self.lock:
+            if r.state == KVPoll.Failed:
+                return  # an abort won the race; the next round drains and acks it
+            r.state = KVPoll.Success
+            r.stats.t_done = time.monotonic()
+            parked = self._retire(r)
+            sends = [(t.identity, self._status(
+                r.room, r.generation, KVPoll.Success, bytes_written=r.bytes_to.get(d, 0),
+                checksum=r.digests.get(d, 0) if r.checksum else None,
+                page_start=r.last_range[0], page_count=r.last_range[1]))
+                for d, t in r.targets.items()]
+            self.counters["succeeded"] += 1
+        self._free_gather_buffers(r, drained=True)
+        for ident, st in sends:
+            self._reply(ident, st)
+        self._replay(parked)
+
+    def _finish_failed(self, r: _Room) -> bool:
+        drained = True
+        if r.inflight:
+            if time.monotonic() - r.failed_at < knobs.get("drain_timeout_s"):
+                return False  # drain first: no write of this room may land after the ack
+            drained = False  # writes stuck (e.g. a frozen peer): say so, decode quarantines
+            self.counters["drain_timeouts"] += 1
+        with self.lock:
+            if self.rooms.get(r.room) is not r:
+                return False
+            parked = self._retire(r)
+            reason = r.reason or "failed"
+            gen = r.generation
+            sends = []
+            for d, p in self._peers_of(r):
+                if d in r.aborted_by:
+                    ident, agen = r.aborted_by[d]
+                    sends.append((ident, W.AbortAck(room=r.room, generation=agen,
+                                                    prefill_rank=self.rank, drained=drained)))
+                    continue
+                t = r.targets.get(d)
+                ident = t.identity if t is not None else (p.identity if p is not None else None)
+                if ident is None or gen is None:
+                    continue
+                if not drained:
+                    sends.append((ident, W.AbortAck(room=r.room, generation=gen,
+                                                    prefill_rank=self.rank, drained=False)))
+                sends.append((ident, self._status(r.room, gen, KVPoll.Failed, reason)))
+            self.counters["failed"] += 1
+        self._free_gather_buffers(r, drained)
+        for ident, msg in sends:
+            self._reply(ident, msg)
+        self._replay(parked)
+        return True
+
+    def _retire(self, r: _Room) -> list:
+        """End a use of a room (caller holds the lock): remember its outcome, make its
+        successor live; returns the successor's parked requests to handle again."""
+        if self.rooms.get(r.room) is r:
+            del self.rooms[r.room]
+        if r.created_by is not None:
+            r.created_by.rooms_created -= 1
+            r.created_by = None
+        r.retired = True
+        r.inflight = [] if r.state == KVPoll.Failed else r.inflight
+        for row, original in r.remap_saved:
+            row[:] = original  # the source row as the serving engine wrote it
+        r.remap_saved, r.remapped = [], set()
+        emit(self.metrics, TransferRecord(
+            side="prefill", rank=self.rank_label, room=r.room, ok=r.state == KVPoll.Success,
+            reason=r.reason if r.state == KVPoll.Failed else "", bytes=r.stats.bytes,
+            descriptors=r.stats.descriptors, batches=r.stats.batches, engine=self.engine.name,
+            t_start=r.created, t_bootstrap_done=r.t_requested, t_first_write=r.stats.t_init,
+            t_done=time.monotonic()))
+        self._remember(r.room, _Final(r.state, r.reason, r.generation, r.has_sender))
+        nxt, r.successor = r.successor, None
+        if nxt is None:
+            return []
+        self.rooms[r.room] = nxt
+        self.finished.pop(r.room, None)
+        nxt.created = time.monotonic()
+        parked, nxt.parked = nxt.parked, []
+        return parked
+
+    def _remember(self, room: int, fin: _Final) -> None:
+        self.finished[room] = fin
+        self.finished.move_to_end(room)
+        while len(self.finished) > knobs.get("max_finished_rooms"):
+            self.finished.popitem(last=False)
+
+    def _replay(self, parked: list) -> None:
+        for identity, msg in parked:
+            self._on_request(identity, msg)

@@ -1,0 +1,143 @@
+"""The records the endpoints keep. Prefill: a use of a room, its chunks and decode targets, a
+linked decode peer, the outcome of a retired use (Note [Room uses]). Decode: one request."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from .. import knobs
+from ..indices import (
+    DecodeTarget,
+    PrefillChunk,
+)
+from ..plan_types import RankId
+from .common import (
+    _TERMINAL,
+    KVPoll,
+    RequestStats,
+)
+
+
+@dataclass
+class _Chunk:
+    chunk: PrefillChunk
+    chunk_id: int
+    stream: bool
+    ready_layers: set = field(default_factory=set)
+    all_ready: bool = False
+    coverage_checked: bool = False
+    # Note [Indices once per chunk]: a streamed chunk is submitted once per layer, and its
+    # index pairs (and staging positions) depend only on the chunk and the decode target, so
+    # they are computed on the first submit and reused by every later layer and the digest.
+    pairs: dict = field(default_factory=dict)  # decode RankId -> component_pairs(...)
+    positions: dict = field(default_factory=dict)  # decode RankId -> chunk_positions(...)
+    sent_layers: set = field(default_factory=set)
+    sent_all: bool = False
+
+
+class _Peer:
+    """One incarnation of a registered decode rank."""
+
+    def __init__(self, name: str, identity: bytes, agent_info: bytes, engine_peer: str,
+                 remote: dict, dp: int, rank: RankId, staging_arena: tuple[int, int] = (0, 0)):
+        self.name = name
+        self.staging_arena = staging_arena  # (address, bytes) decode registered for staging
+        self.identity = identity
+        self.agent_info = agent_info
+        self.engine_peer = engine_peer
+        self.remote = remote  # component -> [RemoteBuffer]
+        self.dp = dp
+        self.rank = rank
+        self.last_heard = time.monotonic()
+        self.dead = False
+        self.rooms_created = 0  # live rooms its requests created (max_pending_rooms_per_peer)
+
+
+@dataclass
+class _Staged:
+    """The staged part of one link of a request (Note [Staging layout])."""
+
+    remote_addr: int  # decode's region
+    nbytes: int
+    blocks: list  # staging.Block
+    local: object = None  # this rank's gather buffer (numpy or torch bytes), region layout
+    arena_offset: int | None = None  # where `local` sits in the arena; None: its own buffer
+
+
+@dataclass
+class _Target:
+    target: DecodeTarget
+    peer: _Peer  # the incarnation that asked: writes go to its memory only
+    identity: bytes
+    staged: _Staged | None = None
+
+
+@dataclass
+class _Room:
+    room: int
+    generation: int | None = None  # from the first TransferRequest (Note [Room uses])
+    chunks: list = field(default_factory=list)
+    targets: dict = field(default_factory=dict)  # decode RankId -> _Target
+    inflight: list = field(default_factory=list)  # engine Batches
+    state: KVPoll = KVPoll.Bootstrapping
+    reason: str = ""
+    aborted_by: dict = field(default_factory=dict)  # decode RankId -> (identity, generation)
+    last_seen: bool = False
+    has_sender: bool = False
+    created: float = field(default_factory=time.monotonic)
+    failed_at: float = 0.0
+    successor: _Room | None = None
+    parked: list = field(default_factory=list)  # (identity, TransferRequest) for this use
+    checksum: bool = field(default_factory=lambda: bool(knobs.get("checksum")))
+    digests: dict = field(default_factory=dict)  # decode RankId -> running link digest
+    bytes_to: dict = field(default_factory=dict)  # decode RankId -> bytes written
+    last_range: tuple = (0, 0)  # (page_start, page_count) of the last chunk
+    retired: bool = False
+    created_by: _Peer | None = None  # the peer whose request created the room
+    decode_dp: int | None = None  # decode DP group serving it (Note [DP routing]); None: unknown
+    t_requested: float = 0.0  # every linked decode rank's TransferRequest arrived
+    remap_saved: list = field(default_factory=list)  # (row view, original bytes), Note [Slot-valued state]
+    remapped: set = field(default_factory=set)  # components whose rows remap_saved holds
+    stats: RequestStats = field(default_factory=RequestStats)
+
+    def fail(self, reason: str) -> bool:
+        """Failed, unless already terminal; returns whether it changed."""
+        if self.state in _TERMINAL:
+            return False
+        self.state, self.reason, self.failed_at = KVPoll.Failed, reason, time.monotonic()
+        return True
+
+
+@dataclass
+class _Final:
+    """What a prefill rank remembers of a retired use of a room."""
+
+    state: KVPoll
+    reason: str
+    generation: int | None
+    had_sender: bool
+
+
+@dataclass
+class _Recv:
+    room: int
+    generation: int
+    expected: set  # prefill peer names
+    target: DecodeTarget | None = None
+    requested: bool = False  # init() sent the TransferRequests
+    succeeded: dict = field(default_factory=dict)  # name -> Success Status
+    quiet: set = field(default_factory=set)  # sources that will not write any more
+    loud: set = field(default_factory=set)  # sources that said their writes may still land
+    state: KVPoll = KVPoll.Bootstrapping
+    reason: str = ""
+    deadline: float = 0.0
+    abort_deadline: float = 0.0
+    quarantined: bool = False
+    released: bool = False
+    suspect: bool = False  # in flight while this process was frozen (Note [Frozen decode])
+    bytes: int = 0
+    staged: dict = field(default_factory=dict)  # source name -> (arena offset, bytes, blocks)
+    staged_links: int = 0  # links init() sent through the staged path
+    t_start: float = field(default_factory=time.monotonic)  # receiver() made
+    t_requested: float = 0.0  # init() sent the TransferRequests

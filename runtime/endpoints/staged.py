@@ -1,0 +1,195 @@
+"""The staged path's hookup in the endpoints (Note [Staging layout] in runtime/staging.py): each
+rank's staging arena and copy-kernel launches, prefill's gather buffers, decode's regions and
+their scatter into the pools."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import knobs, staging
+from ..engines.base import TransferEngine, TransferError
+from ..indices import (
+    DecodeTarget,
+    IndexError_,
+    check_capacity,
+)
+from ..plan_types import RankId
+from ..pools import RankPools, address
+from .records import _Chunk, _Peer, _Recv, _Room, _Staged, _Target
+
+
+def _launches(pools: RankPools, layout) -> staging.Launches | None:
+    """Copy-kernel launches for the staged path on device pools (the staging_copies knob),
+    through the family's generated kernels module where it has one."""
+    mode = knobs.get("staging_copies")
+    if mode not in ("auto", "torch", "kernels"):
+        raise ValueError(f"staging_copies is {mode!r}; use auto, torch or kernels")
+    device = getattr(pools, "device", None)
+    if device is None or mode == "torch" or (mode == "auto" and device.type != "cuda"):
+        return None
+    return staging.Launches(staging.family_kernels(layout))
+
+
+def _staging_arena(engine: TransferEngine, pools: RankPools) -> staging.Arena | None:
+    """The rank's staging arena, in the pools' memory (host or device), registered."""
+    nbytes = knobs.get("staging_arena_bytes")
+    if nbytes <= 0:
+        return None
+    arena = staging.Arena(nbytes, pools.new_bytes(max(nbytes, staging.Arena.ALIGN),
+                                                  zeroed=False))
+    engine.register(arena.base, len(arena.buf))
+    return arena
+
+
+def _deregister_arena(engine: TransferEngine, arena: staging.Arena | None) -> None:
+    """An endpoint registered its staging arena itself, so it deregisters it: an engine that
+    outlives the endpoint (the parity harness reuses engines) must not keep the range."""
+    if arena is None:
+        return
+    try:
+        engine.deregister(arena.base)
+    except TransferError:
+        pass  # the engine is already closed
+
+
+class PrefillStaging:
+    """The staged path of a prefill rank; part of PrefillEndpoint (prefill.py), whose state
+    these methods use."""
+
+    def _check_staging(self, peer: _Peer, rank: RankId, target: DecodeTarget,
+                       msg) -> tuple[str, _Staged | None]:
+        """A staged request's region against decode's registered arena and the staging layout
+        this rank derives from the plan and the request (Note [Staging layout])."""
+        lo, size = peer.staging_arena
+        addr, nbytes = msg.staging_addr, msg.staging_bytes
+        if not (lo <= addr and addr + nbytes <= lo + size):
+            return (f"staging region {addr:#x}+{nbytes} is outside the staging arena decode "
+                    f"registered ({lo:#x}+{size})"), None
+        items = staging.request_items(self.layout, target, self.page_size)
+        blocks, need = staging.link_blocks(self.links[rank], items)
+        if nbytes != need:
+            return (f"staging region of {nbytes} bytes; this request's staging layout needs "
+                    f"{need} (both sides must lower the same plan)"), None
+        return "", _Staged(addr, nbytes, blocks)
+
+    def _gather(self, c: _Chunk, t: _Target, link, layers):
+        """Pack the chunk's pieces of the link's partial entries into this rank's gather
+        buffer at their staging offsets; one descriptor per contiguous stretch of it."""
+        st = t.staged
+        if st.local is None:
+            self._reserve_gather_buffer(st)
+        base = address(st.local)
+        positions = c.positions.get(t.peer.rank)
+        if positions is None:
+            positions = c.positions[t.peer.rank] = staging.chunk_positions(
+                self.layout, c.chunk, t.target, self.page_size)
+        if self.launches is not None:
+            offs_a, lens_a = self.launches.gather_chunk(link, st.blocks, self.pools.view,
+                                                        positions, layers, st.local)
+            if len(offs_a) and not self.engine.orders_after(self.pools.device):
+                self.pools.sync()  # the engine reads the gather buffer once it is submitted
+            return staging.merge_descriptors(base + offs_a, st.remote_addr + offs_a, lens_a)
+        # Blocks of one component share the chunk's runs of items: (component, j0, n) -> (ids,
+        # blocks), checked once and, with the copy kernels, gathered in one launch.
+        groups: dict[tuple, tuple] = {}
+        for b, ids, j0, n in staging.chunk_block_ranges(st.blocks, link, positions, layers):
+            if j0 + n > b.items:
+                raise IndexError_(f"'{link.entries[b.entry].component}' staging item "
+                                  f"{j0 + n - 1} is outside the {b.items} items decode asked for")
+            groups.setdefault((link.entries[b.entry].component, j0, n), (ids, []))[1].append(b)
+        offs, lens = [], []
+        for (comp, j0, n), (ids, blocks) in groups.items():
+            pools = [self.pools.view(comp, link.entries[b.entry].src_pos) for b in blocks]
+            check_capacity(ids, min(p.shape[0] for p in pools), f"prefill '{comp}'")
+            for b, pool in zip(blocks, pools, strict=True):
+                tb = b.segment.total_bytes
+                at = b.offset + j0 * tb
+                staging.gather(pool, ids, b.segment, st.local[at:at + n * tb])
+                offs.append(at)
+                lens.append(n * tb)
+        if offs:
+            self.pools.sync()  # the engine reads the gather buffer as soon as it is submitted
+        offs_a = np.asarray(offs, np.int64)
+        return staging.merge_descriptors(base + offs_a, st.remote_addr + offs_a,
+                                         np.asarray(lens, np.int64))
+
+    def _reserve_gather_buffer(self, st: _Staged) -> None:
+        off = self.arena.alloc(st.nbytes) if self.arena is not None else None
+        if off is not None:
+            st.local, st.arena_offset = self.arena.view(off, st.nbytes), off
+            return
+        # The arena is full (or off): a buffer of its own, registered for this request only.
+        self.counters["staging_own_buffers"] += 1
+        st.local = self.pools.new_bytes(max(st.nbytes, 1), zeroed=False)
+        self.engine.register(address(st.local), len(st.local))
+
+    def _free_gather_buffers(self, r: _Room, drained: bool) -> None:
+        """Give back the gather buffers of a retired use. Not after an undrained failure: a
+        stuck write may still read them (decode quarantines its side)."""
+        for t in r.targets.values():
+            st = t.staged
+            if st is None or st.local is None:
+                continue
+            if not drained:
+                self.counters["staging_bytes_stranded"] += st.nbytes
+            elif st.arena_offset is not None:
+                self.arena.release(st.arena_offset, st.nbytes)
+            else:
+                self.engine.deregister(address(st.local))
+            st.local = None
+
+
+class DecodeStaging:
+    """The staged path of a decode rank; part of DecodeEndpoint (decode.py), whose state these
+    methods use. Caller holds the lock."""
+
+    def _stage(self, rv: _Recv, name: str, items: dict[str, int]) -> tuple[int, int]:
+        """Reserve a staging region for the link from `name` when its partial entries would
+        need many descriptors; (address, bytes), or (0, 0) for the direct path."""
+        link = self.links[self.source_rank[name]]
+        if self.arena is None or \
+                staging.partial_descriptors(link, items) <= knobs.get("staged_min_descriptors"):
+            return 0, 0
+        blocks, nbytes = staging.link_blocks(link, items)
+        off = self.arena.alloc(nbytes) if nbytes else None
+        if off is None:
+            self.counters["staging_full" if nbytes else "staging_empty"] += 1
+            return 0, 0
+        rv.staged[name] = (off, nbytes, blocks)
+        self.counters["staged_links"] += 1
+        return self.arena.base + off, nbytes
+
+    def _unstage(self, rv: _Recv) -> str:
+        """Scatter every staging region of a request into the pools (all sources are quiet:
+        they reported Success); returns why it could not."""
+        if not rv.staged:
+            return ""
+        ids = staging.target_ids(self.layout, rv.target, self.page_size)
+        try:
+            for name, (off, nbytes, blocks) in rv.staged.items():
+                link = self.links[self.source_rank[name]]
+                region = self.arena.view(off, nbytes)
+                if self.launches is not None:
+                    self.launches.scatter_link(link, blocks, self.pools.view, ids, region)
+                    continue
+                by_component: dict[str, list] = {}
+                for b in blocks:
+                    by_component.setdefault(link.entries[b.entry].component, []).append(b)
+                for comp, bs in by_component.items():
+                    pools = [self.pools.view(comp, link.entries[b.entry].dst_pos) for b in bs]
+                    check_capacity(ids[comp], min(p.shape[0] for p in pools),
+                                   f"decode '{comp}'")
+                    for b, pool in zip(bs, pools, strict=True):
+                        staging.scatter(pool, ids[comp], b.segment,
+                                        region[b.offset:b.offset + b.items * b.segment.total_bytes])
+            self.pools.sync()  # Success means the bytes are in the pools
+        except (IndexError_, ValueError) as e:
+            return f"staged scatter: {e}"
+        finally:
+            self._free_staging(rv)
+        return ""
+
+    def _free_staging(self, rv: _Recv) -> None:
+        for off, nbytes, _ in rv.staged.values():
+            self.arena.release(off, nbytes)
+        rv.staged.clear()
