@@ -645,6 +645,9 @@ def _demo_arg_problem(args) -> tuple[str, str] | None:
         help="the engine pdc moves the bytes with (default: mooncake over loopback TCP)"),
     arg("--compare", action="store_true",
         help="also run the prompts through SGLang's own mooncake backend and print both"),
+    arg("--family", default="llama", choices=["llama", "qwen3"],
+        help="the tiny random-weight model to serve: llama (specs/sglang-tiny-llama.yaml, "
+             "default) or qwen3 (dense Qwen3, specs/sglang-tiny-qwen3.yaml)"),
     arg("--in-flight", type=int, default=4, metavar="N",
         help="prompts in flight at once (default: 4)"),
     arg("--tokens", type=int, default=16, metavar="N",
@@ -661,7 +664,8 @@ def cmd_sglang_demo(args: argparse.Namespace) -> int:
     sends N prompts of mixed lengths (several 64-token chunks, 16-token pages, 4 in flight),
     checks every generated token against the plain server and prints prompts ok/failed, MB
     moved, transfer ms and TTFT p50/p99. `--compare` adds SGLang's own mooncake backend on the
-    same settings, side by side. The table goes to stdout, progress to stderr.
+    same settings, side by side. `--family qwen3` serves a tiny dense Qwen3 instead of the
+    tiny Llama. The table goes to stdout, progress to stderr.
 
     Exit status: 0 when every prompt of every run was token-identical, 1 otherwise (no
     SGLang environment included), 2 for a usage error.
@@ -674,7 +678,7 @@ def cmd_sglang_demo(args: argparse.Namespace) -> int:
     if bad:
         return _usage_error("sglang-demo", *bad, False)
     return run_demo(args.prompts, args.engine, args.compare, args.in_flight, args.tokens,
-                    args.seed, args.keep_logs)
+                    args.seed, args.keep_logs, family=args.family)
 
 
 @command(

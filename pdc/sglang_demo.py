@@ -105,7 +105,7 @@ def print_rows(rows: list[Row], n: int, in_flight: int, out=None) -> None:
 
 
 def run_demo(prompts: int, engine: str, compare: bool, in_flight: int, new_tokens: int,
-             seed: int, keep: bool) -> int:
+             seed: int, keep: bool, family: str = "llama") -> int:
     python = H.sglang_python()
     if python is None:
         print("pdc sglang-demo: error: no SGLang environment; run scripts/install-sglang.sh "
@@ -113,12 +113,12 @@ def run_demo(prompts: int, engine: str, compare: bool, in_flight: int, new_token
         return 1
     workdir = tempfile.mkdtemp(prefix="pdc-sglang-demo-")
     try:
-        model = H.make_tiny_model(python, f"{workdir}/tiny-llama")
+        model = H.make_tiny_model(python, f"{workdir}/tiny-{family}", family)
         batch = H.mixed_prompts(prompts, seed)
-        print(wrap(f"pdc sglang-demo: {prompts} prompts of {min(map(len, batch))}.."
-                   f"{max(map(len, batch))} tokens ({H.CHUNK_TOKENS}-token chunks, "
-                   f"{H.PAGE_SIZE}-token pages), {new_tokens} greedy tokens each; logs in "
-                   f"{workdir}"), file=sys.stderr)
+        print(wrap(f"pdc sglang-demo: {prompts} prompts to a tiny {family} of "
+                   f"{min(map(len, batch))}..{max(map(len, batch))} tokens "
+                   f"({H.CHUNK_TOKENS}-token chunks, {H.PAGE_SIZE}-token pages), "
+                   f"{new_tokens} greedy tokens each; logs in {workdir}"), file=sys.stderr)
         print("pdc sglang-demo: starting a plain server for the reference tokens ...",
               file=sys.stderr)
         plain = H.start_plain(python, model, workdir)

@@ -25,9 +25,19 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# The tiny random-weight Llama that specs/sglang-tiny-llama.yaml describes.
-TINY_LLAMA = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
+# The tiny random-weight models that pdc's SGLang specs describe, by family name:
+# (transformers config class, model class, config); `pdc sglang-demo --family` picks one.
+TINY_MODELS = {
+    # specs/sglang-tiny-llama.yaml
+    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)),
+    # specs/sglang-tiny-qwen3.yaml: dense Qwen3, head_dim set apart from hidden / heads
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+        max_position_embeddings=1024, tie_word_embeddings=False)),
+}
 PAGE_SIZE = 16  # the spec's page_size
 CHUNK_TOKENS = 64  # --chunked-prefill-size: a 300-token prompt is 5 chunks
 CPU_ENV = {
@@ -63,16 +73,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def make_tiny_model(python: str, out_dir: str) -> str:
-    """Write the tiny Llama (safetensors + config, no tokenizer) with the SGLang env's
-    transformers; seed 0, so every run serves the same weights."""
+def make_tiny_model(python: str, out_dir: str, family: str = "llama") -> str:
+    """Write a tiny model of TINY_MODELS (safetensors + config, no tokenizer) with the SGLang
+    env's transformers; seed 0, so every run serves the same weights."""
+    config_class, model_class, config = TINY_MODELS[family]
     code = (
         "import sys, torch\n"
-        "from transformers import LlamaConfig, LlamaForCausalLM\n"
-        f"cfg = LlamaConfig(**{TINY_LLAMA!r}, torch_dtype='bfloat16', bos_token_id=1, "
+        f"from transformers import {config_class}, {model_class}\n"
+        f"cfg = {config_class}(**{config!r}, torch_dtype='bfloat16', bos_token_id=1, "
         "eos_token_id=2)\n"
         "torch.manual_seed(0)\n"
-        "LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(sys.argv[1])\n"
+        f"{model_class}(cfg).to(torch.bfloat16).save_pretrained(sys.argv[1])\n"
     )
     subprocess.run([python, "-c", code, out_dir], check=True, capture_output=True, timeout=300)
     return out_dir
@@ -119,8 +130,13 @@ def _spawn(name: str, argv: list[str], log_dir: str, env: dict[str, str]) -> sub
 def start_server(python: str, model: str, name: str, log_dir: str, *, mode: str = "null",
                  backend: str = "pdc", bootstrap_port: int = 0, engine: str = "mooncake",
                  extra_env: dict | None = None, metrics: bool = True,
-                 extra_args: tuple[str, ...] = ()) -> Server:
-    """One SGLang server (plain, prefill or decode); returns at once, see wait_ready."""
+                 extra_args: tuple[str, ...] = (), tp: int = 1) -> Server:
+    """One SGLang server (plain, prefill or decode); returns at once, see wait_ready.
+
+    `tp` > 1 runs SGLang's CPU tensor parallelism (gloo): one scheduler process per rank,
+    each bound to one core (SGLANG_CPU_OMP_THREADS_BIND "0|1|..."; without it SGLang refuses
+    more ranks than NUMA nodes, `utils/numa_utils.py:463`), so every rank runs one thread like
+    a TP-1 server does."""
     port = free_port()
     argv = [python, "-m", "sglang.launch_server", "--model-path", model, "--device", "cpu",
             "--skip-tokenizer-init", "--attention-backend", "torch_native",
@@ -135,8 +151,13 @@ def start_server(python: str, model: str, name: str, log_dir: str, *, mode: str 
                  "--disaggregation-bootstrap-port", str(bootstrap_port)]
         if mode == "decode":
             argv += ["--disaggregation-decode-retraction-backup", "cpu_tensor"]
+    if tp > 1:
+        argv += ["--tp", str(tp)]
     argv += list(extra_args)
     env = dict(os.environ, **CPU_ENV, PDC_SGLANG_ENGINE=engine, **(extra_env or {}))
+    if tp > 1:
+        cores = os.cpu_count() or 1
+        env["SGLANG_CPU_OMP_THREADS_BIND"] = "|".join(str(r % cores) for r in range(tp))
     proc = _spawn(name, argv, log_dir, env)
     return Server(name, f"http://127.0.0.1:{port}", proc, os.path.join(log_dir, f"{name}.log"))
 
@@ -299,14 +320,24 @@ class PDPair:
     @classmethod
     def start(cls, python: str, model: str, log_dir: str, *, backend: str = "pdc",
               engine: str = "mooncake", timeout_s: float = 600.0,
-              prefill_env: dict | None = None, decode_env: dict | None = None) -> PDPair:
+              prefill_env: dict | None = None, decode_env: dict | None = None,
+              prefill_tp: int = 1, decode_tp: int = 1, server_args: tuple[str, ...] = (),
+              decode_args: tuple[str, ...] = ()) -> PDPair:
+        """`server_args` go to both servers, `decode_args` to decode only. Note [SGLang
+        plan]: prefill learns decode's TP from PDC_SGLANG_DECODE."""
         bport = free_port()
-        prefill = start_server(python, model, f"{backend}-{engine}-prefill", log_dir,
+        prefill_env = dict(prefill_env or {})
+        if backend == "pdc" and decode_tp != prefill_tp:
+            prefill_env.setdefault("PDC_SGLANG_DECODE", f"tp={decode_tp}")
+        name = f"{backend}-{engine}-tp{prefill_tp}to{decode_tp}"
+        prefill = start_server(python, model, f"{name}-prefill", log_dir,
                                mode="prefill", backend=backend, bootstrap_port=bport,
-                               engine=engine, extra_env=prefill_env)
-        decode = start_server(python, model, f"{backend}-{engine}-decode", log_dir,
+                               engine=engine, extra_env=prefill_env, tp=prefill_tp,
+                               extra_args=server_args)
+        decode = start_server(python, model, f"{name}-decode", log_dir,
                               mode="decode", backend=backend, bootstrap_port=bport,
-                              engine=engine, extra_env=decode_env)
+                              engine=engine, extra_env=decode_env, tp=decode_tp,
+                              extra_args=server_args + decode_args)
         pair = None
         try:
             wait_ready([prefill, decode], timeout_s)
@@ -325,8 +356,9 @@ class PDPair:
 
 
 def start_plain(python: str, model: str, log_dir: str, timeout_s: float = 600.0,
-                extra_args: tuple[str, ...] = ()) -> Server:
-    plain = start_server(python, model, "plain", log_dir, metrics=False, extra_args=extra_args)
+                extra_args: tuple[str, ...] = (), tp: int = 1) -> Server:
+    plain = start_server(python, model, f"plain-tp{tp}", log_dir, metrics=False,
+                         extra_args=extra_args, tp=tp)
     try:
         wait_ready([plain], timeout_s)
     except BaseException:

@@ -137,7 +137,8 @@ class PdcKVManager(BaseKVManager):
         self.tp = int(server_args.tp_size)
         self.rank = RankId(0, int(args.engine_rank) % self.tp)
         self.page_size = int(args.page_size)
-        self.family = served_family(server_args.model_path, args, self.tp, self.rank.tp)
+        self.family = served_family(server_args.model_path, args, self.tp, self.rank.tp,
+                                    str(getattr(server_args, "dtype", "") or ""))
         self.engine_name = engine_name()
         kwargs = {"hostname": _host()} if self.engine_name == "mooncake" else {}
         self.engine = make_engine(self.engine_name, **kwargs)
@@ -152,7 +153,8 @@ class PdcKVManager(BaseKVManager):
             self.plan = make_plan(self.family.family, side(self.tp, 1, 1, self.page_size),
                                   side(decode["tp"], decode["pp"], decode["dp"], self.page_size),
                                   self.engine_name)
-            self.pools = engine_pools(layout, self.plan, "prefill", self.rank, args)
+            self.pools = engine_pools(layout, self.plan, "prefill", self.rank, args,
+                                      self.family.kv_dtype)
             self.endpoint: PrefillEndpoint | None = None
             self.endpoint_error = ""
             port = int(server_args.disaggregation_bootstrap_port)
@@ -223,8 +225,8 @@ class PdcKVManager(BaseKVManager):
             key = plan.digest()
             pools = self.pools_by_plan.get(key)
             if pools is None:
-                pools = self.pools_by_plan[key] = engine_pools(layout, plan, "decode",
-                                                               self.rank, self.kv_args)
+                pools = self.pools_by_plan[key] = engine_pools(
+                    layout, plan, "decode", self.rank, self.kv_args, self.family.kv_dtype)
             ep = DecodeEndpoint(layout, self.family.wire, plan, self.rank, 0, self.engine,
                                 pools, addr)
             ep.wait_ready()

@@ -1,10 +1,12 @@
 """The family and plan of the model an SGLang server serves, and its buffers as pdc pools.
 
-Note [Served family]: pdc specs are concrete (a family names its layer count, heads and
-page size), so the served model picks a family in two steps: its architecture
+Note [Served family]: pdc specs are concrete (a family names its layer count, heads, dtype
+and page size), so the served model picks a family in two steps: its architecture
 (`config.json`'s `architectures[0]`) names candidate families (ARCHITECTURES), and the first
-candidate whose registration matches SGLang's own buffers item for item (count, bytes) is
-used. An architecture with no candidate is refused with its name; a candidate that does not
+candidate whose registration matches SGLang's own buffers item for item (count, bytes) and
+whose KV dtype is the server's (`--kv-cache-dtype`, else `--dtype`; KVArgs carry addresses
+and byte counts only, and a bfloat16 item of 32 values has the bytes of a float32 one of 16)
+is used. An architecture with no candidate is refused with its name; a candidate that does not
 fit is refused with the first difference, so the message says which spec to write or fix.
 
 Note [SGLang aux row]: SGLang's MetadataBuffers registers one buffer per field, in the order
@@ -30,7 +32,8 @@ from pdc.runtime.pools import EnginePools, RegistrationMismatch
 
 # architecture -> generated families (py names) that may describe it; see Note [Served family]
 ARCHITECTURES: dict[str, tuple[str, ...]] = {
-    "LlamaForCausalLM": ("sglang_tiny_llama",),
+    "LlamaForCausalLM": ("sglang_tiny_llama", "sglang_tiny_llama_f32"),
+    "Qwen3ForCausalLM": ("sglang_tiny_qwen3",),
 }
 
 # Note [SGLang aux row]: get_buf_infos order with SGLang's default settings.
@@ -54,6 +57,7 @@ class ServedFamily:
     family: Family
     wire: object  # the family's generated wire module
     architecture: str
+    kv_dtype: str = ""  # the server's KV dtype ("" when it does not say); Note [Served family]
 
     @property
     def layout(self) -> FamilyLayout:
@@ -141,14 +145,26 @@ def _tensor_over(region: Region, dtype_name: str):
                                                                 region.item_bytes // elem)
 
 
+def served_kv_dtype(kv_args, server_dtype: str = "") -> str:
+    """The dtype SGLang's KV pool holds: `--kv-cache-dtype` unless auto, else `--dtype`
+    unless auto, else "" (unknown: only bytes are checked)."""
+    aliases = {"float": "float32", "half": "float16"}
+    for value in (getattr(kv_args, "kv_cache_dtype_str", ""), server_dtype):
+        value = str(value or "")
+        if value not in ("", "auto"):
+            return aliases.get(value, value)
+    return ""
+
+
 def engine_pools(layout: FamilyLayout, plan: Plan, side: str, rank: RankId,
-                 kv_args) -> EnginePools:
+                 kv_args, kv_dtype: str | None = None) -> EnginePools:
     """SGLang's own KV and aux buffers of this rank, in place, checked against the plan
-    (Note [Engine-owned memory] in pdc.runtime.pools)."""
+    (Note [Engine-owned memory] in pdc.runtime.pools) and, when known, the KV dtype."""
     reg = plan.registration(side, rank)
     kv = buffers_of(kv_args)
     aux = aux_buffers_of(kv_args)
-    kv_dtype = str(getattr(kv_args, "kv_cache_dtype_str", "") or "")
+    if kv_dtype is None:
+        kv_dtype = served_kv_dtype(kv_args)
     tensors, labels = {}, {}
     for name, entries, _ in reg.components:
         comp = layout.component(name)
@@ -177,8 +193,11 @@ def _single_field(component: str) -> str:
     return next(f for f, c in AUX_SINGLE.items() if c == component)
 
 
-def served_family(model_path: str, kv_args, tp: int, tp_rank: int) -> ServedFamily:
-    """Note [Served family]: checked on this rank's own shard (tp, tp_rank)."""
+def served_family(model_path: str, kv_args, tp: int, tp_rank: int,
+                  server_dtype: str = "") -> ServedFamily:
+    """Note [Served family]: checked on this rank's own shard (tp, tp_rank); `server_dtype`
+    is the server's `--dtype`."""
+    kv_dtype = served_kv_dtype(kv_args, server_dtype)
     arch = architecture(model_path)
     candidates = ARCHITECTURES.get(arch)
     if not candidates:
@@ -200,11 +219,11 @@ def served_family(model_path: str, kv_args, tp: int, tp_rank: int) -> ServedFami
         one = side(tp, 1, 1, page_size)
         plan = make_plan(family, one, one, "local")
         try:
-            engine_pools(layout, plan, "prefill", RankId(0, tp_rank), kv_args)
+            engine_pools(layout, plan, "prefill", RankId(0, tp_rank), kv_args, kv_dtype)
         except RefusedModel as e:
             problems.append(str(e).removeprefix("pdc: "))
             continue
-        return ServedFamily(family, wire, arch)
+        return ServedFamily(family, wire, arch, kv_dtype)
     raise RefusedModel(f"pdc: no spec for {arch} fits the served model ({model_path}): "
                        + "; ".join(problems))
 

@@ -1,0 +1,83 @@
+"""Heterogeneous TP inside real SGLang 0.5.23 servers: a prefill server of TP 2 (two scheduler
+processes, gloo, one core each) and a decode server of TP 1, pdc's backend between them
+(Note [SGLang plan]: prefill learns decode's TP from PDC_SGLANG_DECODE, decode reads
+prefill's two ranks off the bootstrap table), against a plain TP-1 server.
+
+Float32 (specs/sglang-tiny-llama-f32.yaml): in bfloat16 a plain TP-2 server and a plain TP-1
+server themselves disagree on greedy tokens (the all-reduce rounds partial sums), so no TP 2
+-> TP 1 pair could match either; in float32 they agree, so every token must match here. Each
+decode KV head comes from a different prefill rank: a head placed wrongly changes tokens.
+
+Needs the SGLang environment of scripts/install-sglang.sh (CI builds it); skipped with that
+reason when it is absent. One plain server, then one pair (CI budget).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+
+import pytest
+
+from pdc import sglang_harness as H
+
+PYTHON = H.sglang_python()
+pytestmark = [
+    pytest.mark.sglang,
+    pytest.mark.skipif(PYTHON is None, reason="no SGLang environment: run "
+                       "scripts/install-sglang.sh (CI does)"),
+]
+
+NEW_TOKENS = 16
+PROMPTS = H.mixed_prompts(8, seed=1)  # 1 .. 300 tokens: up to 5 chunks of 64, 16-token pages
+FLOAT32 = ("--dtype", "float32")
+
+
+@pytest.fixture(scope="module")
+def workdir():
+    d = tempfile.mkdtemp(prefix="pdc-sglang-tp-")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def model(workdir):
+    return H.make_tiny_model(PYTHON, f"{workdir}/tiny-llama")
+
+
+@pytest.fixture(scope="module")
+def reference(model, workdir):
+    plain = H.start_plain(PYTHON, model, workdir, extra_args=FLOAT32)
+    try:
+        results = H.run_prompts(plain.url, PROMPTS, NEW_TOKENS, in_flight=4)
+    finally:
+        plain.stop()
+    assert [r.error for r in results] == [""] * len(PROMPTS)
+    return [r.tokens for r in results]
+
+
+@pytest.fixture(scope="module")
+def pair(model, workdir, reference):
+    p = H.PDPair.start(PYTHON, model, workdir, engine="mooncake", prefill_tp=2, decode_tp=1,
+                       server_args=FLOAT32)
+    yield p
+    p.stop()
+
+
+def test_prefill_tp2_to_decode_tp1_is_token_identical_to_a_plain_server(pair, reference):
+    results = H.run_prompts(pair.router.url, PROMPTS, NEW_TOKENS, in_flight=4)
+    assert [r.error for r in results] == [""] * len(PROMPTS)
+    assert [i for i, (r, ref) in enumerate(zip(results, reference, strict=True))
+            if r.tokens != ref] == []
+    assert all(len(r.tokens) == NEW_TOKENS for r in results)
+
+
+def test_both_prefill_ranks_and_decode_serve_the_float32_spec(pair, reference):
+    served = "family sglang-tiny-llama-f32 (specs/sglang-tiny-llama-f32.yaml)"
+    with open(pair.prefill.log, errors="replace") as f:
+        prefill = f.read()
+    with open(pair.decode.log, errors="replace") as f:
+        decode = f.read()
+    for rank in ("pp0.tp0", "pp0.tp1"):
+        assert f"prefill LlamaForCausalLM rank {rank}, {served}" in prefill
+    assert f"decode LlamaForCausalLM rank pp0.tp0, {served}" in decode
