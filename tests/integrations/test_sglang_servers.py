@@ -138,7 +138,16 @@ def test_transfer_metrics_reach_sglang_metrics(pair, reference):
     before = H.metrics(pair.prefill.url)
     results = H.run_prompts(pair.router.url, PROMPTS[:4], NEW_TOKENS, in_flight=4)
     assert [r.error for r in results] == [""] * 4
-    after = H.metrics(pair.prefill.url)
+    # prefill's scheduler observes a transfer's metric when it next polls the sender, which
+    # may be after decode has replied: wait (bounded) until all four are counted
+    count = "sglang:kv_transfer_latency_ms_count"
+    deadline = time.monotonic() + 30
+    while True:
+        after = H.metrics(pair.prefill.url)
+        if H.metric_sum(after, count) - H.metric_sum(before, count) >= 4 or \
+                time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
 
     def delta(name):
         return H.metric_sum(after, name) - H.metric_sum(before, name)
