@@ -153,9 +153,9 @@ class RankPool:
 
     def __init__(self, plan, side: str, rank, device, capacity: int, seed: int):
         import torch
-        from pdc.runtime.engines.local import LocalEngine
+        from page_engine import PageEngine
 
-        self.engine = LocalEngine(device=device)
+        self.engine = PageEngine(device)
         self.device = self.engine.device
         base_probe = plan.registration(side, rank)
         self.item = base_probe.item_bytes("kv")

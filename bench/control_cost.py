@@ -8,7 +8,7 @@ own functions and a plan lowered from specs/llama3-70b.yaml:
 - descriptors ("direct" path, what an RDMA engine is given): link lookup, `component_pairs`,
   `datapath.build_descriptors` over every plan entry, `submit_write` to an engine that only
   counts;
-- staged: link lookup, `component_pairs`, `LocalDeviceEngine.submit_pages(path="staged",
+- staged: link lookup, `component_pairs`, `PageEngine.submit_pages(path="staged",
   chunks=1)`: one gather launch, one bulk copy, one scatter launch; here the launches and the
   copy are counted, not run (`RecordingDeviceEngine`), so the row is the host work around them;
 - direct kernel: the same with `path="push"`, one launch.
@@ -45,9 +45,9 @@ from pathlib import Path
 import _common as C
 import numpy as np
 import torch
+from page_engine import PageEngine, _page_ids, page_copies
 from pdc.runtime.datapath import LocalBuffer, RemoteBuffer, build_descriptors, component_pairs
 from pdc.runtime.engines.base import Batch, BatchState, TransferEngine
-from pdc.runtime.engines.local import LocalDeviceEngine, _page_ids, page_copies
 from pdc.runtime.indices import DecodeTarget, PrefillChunk, check_capacity, contiguous_runs
 
 # The peer harness lives beside the repository, in the shared folder (never an absolute path).
@@ -90,7 +90,7 @@ class CountingEngine(TransferEngine):
         pass
 
 
-class RecordingDeviceEngine(LocalDeviceEngine):
+class RecordingDeviceEngine(PageEngine):
     """The device engine with its device operations counted instead of run: everything the
     host does per request stays (id checks, index tensors, chunking, slot lookup)."""
 

@@ -2,8 +2,8 @@
 
 Everything runs in one process on two GPUs: two prefill endpoints whose pools (pools.TensorPools)
 sit on cuda:0, one decode endpoint whose pools sit on cuda:1, the real control plane over
-ZeroMQ on loopback, and the local engine's device mode (runtime/engines/local.py) as the
-transfer engine. Under heterogeneous TP every KV page moves as head slices, so decode stages
+ZeroMQ on loopback, and the local engine for device memory (runtime/engines/local_device.py)
+as the transfer engine. Under heterogeneous TP every KV page moves as head slices, so decode stages
 both links; rows compare how the staged copies run:
 
 - staged, copy kernels (`staging_copies=kernels`, the default on CUDA): one gather launch per

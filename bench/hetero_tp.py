@@ -28,7 +28,7 @@ if "--small" in sys.argv:
 import _common as C
 import numpy as np
 import torch
-from pdc.runtime.engines.local import page_copies
+from page_engine import page_copies
 
 HEAD_BYTES = 128 * 2  # one head of one token, bf16
 

@@ -3,7 +3,7 @@
 The plan is lowered from specs/llama3-70b.yaml (prefill TP1 -> decode TP1, page 16); pools are
 one arena per GPU holding the 160 KV buffers (K and V of 80 layers), page ids on both sides a
 random subset, in random order, of a pool twice the request's size. Everything goes through the
-local engine's device mode (runtime/engines/local.py), one engine per GPU:
+local engine for device memory with the page paths (bench/page_engine.py), one engine per GPU:
 
 - push / pull: the direct peer kernel, one launch for all 160 buffers, run by GPU0 (push) or
   GPU1 (pull), reading one pool and writing the other over NVLink;
@@ -31,9 +31,9 @@ if "--small" in sys.argv:
 import _common as C
 import numpy as np
 import torch
+from page_engine import page_copies
 from pdc.runtime import copy_kernels as ck
 from pdc.runtime.datapath import build_descriptors, component_pairs
-from pdc.runtime.engines.local import page_copies
 from pdc.runtime.indices import DecodeTarget, PrefillChunk
 
 POISON = C.POISON

@@ -30,7 +30,7 @@ import time
 import _common as C
 import numpy as np
 import torch
-from pdc.runtime.engines.local import page_copies
+from page_engine import page_copies
 
 
 def main() -> int:

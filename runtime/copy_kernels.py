@@ -19,22 +19,29 @@ or 4-byte words, never interpreted as numbers). docs/kernels.md explains the des
 - CPU tensors run through the Triton interpreter and CUDA tensors through the compiler, chosen per
   call from the tensors' device, so `TRITON_INTERPRET` and import order do not matter here.
 
-Generated per-family modules bind the family's `SegmentSpec`s once, build an `EntryTable` per
+The data model (`SegmentSpec`, `Entry`, `Tiling`, `default_tiling`) lives in runtime/copy_specs.py
+and is re-exported here. Generated per-family modules bind the family's `SegmentSpec`s once, build an `EntryTable` per
 registered pool set (the device table is cached there), and call `gather`/`scatter` per request.
 """
 
 from __future__ import annotations
 
-import functools
-import math
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
-from numbers import Integral
 
 import torch
 import triton.language as tl
 from triton.runtime.jit import JITFunction
+
+from .copy_specs import (
+    Entry,
+    SegmentSpec,
+    Tiling,
+    _as_int,
+    _cdiv,
+    default_tiling,
+    pow2_alignment,
+)
 
 __all__ = [
     "Entry",
@@ -65,209 +72,6 @@ _MAX_GRID_Y = 65535  # CUDA's limit on gridDim.y, which indexes entries
 _MAX_GRID_X = 2**31 - 1
 _WORD_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
 _ALIGNS = (1, 2, 4, 8, 16)
-
-
-# ~~~ data model ~~~
-
-
-def _as_int(owner: str, name: str, value: object) -> int:
-    # bool is an Integral too, and a spec field set to True is always a mistake.
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise ValueError(f"{owner}.{name} must be an int, got {type(value).__name__}")
-    return int(value)
-
-
-@dataclass(frozen=True)
-class SegmentSpec:
-    """Which bytes of each item an entry moves: `repeat` pieces of `seg_bytes` bytes, the first at
-    `seg_offset`, each `seg_stride` bytes after the previous one.
-
-    A whole item is `SegmentSpec.whole(item_bytes)`. A head range [h0, h1) of a KV page laid out
-    as [page_size, heads, head_dim] of `b`-byte values is
-    `SegmentSpec(h0 * head_dim * b, (h1 - h0) * head_dim * b, page_size, heads * head_dim * b,
-    page_size * heads * head_dim * b)`.
-    """
-
-    seg_offset: int
-    seg_bytes: int
-    repeat: int
-    seg_stride: int
-    item_bytes: int
-
-    def __post_init__(self) -> None:
-        for name in ("seg_offset", "seg_bytes", "repeat", "seg_stride", "item_bytes"):
-            object.__setattr__(self, name, _as_int("SegmentSpec", name, getattr(self, name)))
-        if self.item_bytes <= 0:
-            raise ValueError(f"SegmentSpec.item_bytes must be positive, got {self.item_bytes}")
-        if self.seg_bytes <= 0:
-            raise ValueError(f"SegmentSpec.seg_bytes must be positive, got {self.seg_bytes}")
-        if self.repeat < 1:
-            raise ValueError(f"SegmentSpec.repeat must be >= 1, got {self.repeat}")
-        if self.seg_offset < 0:
-            raise ValueError(f"SegmentSpec.seg_offset must be >= 0, got {self.seg_offset}")
-        # Overlapping pieces would make scatter write the same bytes twice in one launch.
-        if self.repeat > 1 and self.seg_stride < self.seg_bytes:
-            raise ValueError(
-                f"SegmentSpec.seg_stride must be >= seg_bytes ({self.seg_bytes}) when repeat > 1, "
-                f"got {self.seg_stride}"
-            )
-        if self.seg_stride < 0:
-            raise ValueError(f"SegmentSpec.seg_stride must be >= 0, got {self.seg_stride}")
-        if self.end > self.item_bytes:
-            raise ValueError(
-                f"SegmentSpec ends at byte {self.end} but item_bytes is {self.item_bytes}"
-            )
-
-    @classmethod
-    def whole(cls, item_bytes: int) -> SegmentSpec:
-        """The whole item as one piece."""
-        return cls(seg_offset=0, seg_bytes=item_bytes, repeat=1, seg_stride=item_bytes,
-                   item_bytes=item_bytes)
-
-    @property
-    def packed_bytes(self) -> int:
-        """Bytes one item's segment takes in the staging buffer."""
-        return self.repeat * self.seg_bytes
-
-    @property
-    def end(self) -> int:
-        """One past the last byte of the item that the segment touches."""
-        return self.seg_offset + (self.repeat - 1) * self.seg_stride + self.seg_bytes
-
-    def alignment(self) -> int:
-        """Largest power of two dividing every offset and length of the segment (capped at 16)."""
-        return _pow2_alignment(self.seg_offset, self.seg_bytes, self.seg_stride, self.item_bytes)
-
-
-@dataclass(frozen=True, eq=False)
-class Entry:
-    """One pool buffer and the segment of its items that a transfer moves.
-
-    `pool` is the pool tensor (any dtype and shape, contiguous; capacity defaults to its bytes
-    over `spec.item_bytes`) or the pool's base address as an int, for memory that torch does not
-    own (then `capacity` is required and the caller guarantees the device). The entry keeps the
-    tensor alive for as long as a table holds its address.
-    """
-
-    pool: torch.Tensor | int
-    spec: SegmentSpec
-    capacity: int | None = None
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.spec, SegmentSpec):
-            raise ValueError(f"Entry.spec must be a SegmentSpec, got {type(self.spec).__name__}")
-        if self.capacity is not None:
-            object.__setattr__(self, "capacity", _as_int("Entry", "capacity", self.capacity))
-            if self.capacity < 1:
-                raise ValueError(f"Entry.capacity must be >= 1, got {self.capacity}")
-        item = self.spec.item_bytes
-        if isinstance(self.pool, torch.Tensor):
-            if not self.pool.is_contiguous():
-                raise ValueError("Entry.pool must be a contiguous tensor")
-            nbytes = self.pool.numel() * self.pool.element_size()
-            if self.capacity is None:
-                if nbytes == 0 or nbytes % item:
-                    raise ValueError(
-                        f"Entry.pool holds {nbytes} bytes, not a positive multiple of "
-                        f"item_bytes {item}"
-                    )
-                object.__setattr__(self, "capacity", nbytes // item)
-            elif self.capacity * item > nbytes:
-                raise ValueError(
-                    f"Entry.capacity {self.capacity} items of {item} bytes exceed the pool's "
-                    f"{nbytes} bytes"
-                )
-        elif isinstance(self.pool, Integral) and not isinstance(self.pool, bool):
-            object.__setattr__(self, "pool", int(self.pool))
-            if self.pool <= 0:
-                raise ValueError(f"Entry.pool address must be positive, got {self.pool}")
-            if self.capacity is None:
-                raise ValueError("Entry.capacity is required when Entry.pool is an address")
-        else:
-            raise ValueError(
-                f"Entry.pool must be a torch.Tensor or an int address, got "
-                f"{type(self.pool).__name__}"
-            )
-
-    @property
-    def address(self) -> int:
-        return self.pool.data_ptr() if isinstance(self.pool, torch.Tensor) else self.pool
-
-    @property
-    def device(self) -> torch.device | None:
-        return self.pool.device if isinstance(self.pool, torch.Tensor) else None
-
-
-@dataclass(frozen=True)
-class Tiling:
-    """How one launch is cut into programs (performance only; results never depend on it).
-
-    Each program copies `rows` pieces (index position x piece) times `iters` column blocks of
-    `block_bytes` bytes. `rows` and `block_bytes` must be powers of two (Triton tile shapes).
-    """
-
-    rows: int
-    block_bytes: int
-    iters: int
-    num_warps: int = 4
-
-    def __post_init__(self) -> None:
-        for name in ("rows", "block_bytes", "iters", "num_warps"):
-            value = _as_int("Tiling", name, getattr(self, name))
-            if value < 1:
-                raise ValueError(f"Tiling.{name} must be >= 1, got {value}")
-        for name in ("rows", "block_bytes", "num_warps"):
-            value = getattr(self, name)
-            if value & (value - 1):
-                raise ValueError(f"Tiling.{name} must be a power of two, got {value}")
-        if self.rows * self.block_bytes > 2**20:
-            # Triton caps a tile at 2^20 elements; bytes bound the elements for every word size.
-            raise ValueError(
-                f"Tiling tile of {self.rows} x {self.block_bytes} bytes exceeds 2^20 bytes"
-            )
-
-
-def _pow2_alignment(*values: int) -> int:
-    g = 0
-    for v in values:
-        g = math.gcd(g, int(v))
-    if g == 0:
-        return 16
-    return min(16, g & -g)
-
-
-def _cdiv(a: int, b: int) -> int:
-    # triton.cdiv is a constexpr_function; its wrapper costs microseconds on every launch.
-    return -(-a // b)
-
-
-def _next_pow2(x: int) -> int:
-    return 1 << (x - 1).bit_length()
-
-
-@functools.lru_cache(maxsize=1024)
-def default_tiling(max_seg_bytes: int, max_rows: int, device: torch.device) -> Tiling:
-    """Tile choice for a launch whose widest piece is `max_seg_bytes` and whose longest entry has
-    `max_rows` pieces in total.
-
-    On a GPU a program moves up to 32 KiB per loop iteration (16 warps: four 16-byte vectors per
-    thread in flight) and up to 128 KiB in all, so a 1 MiB state item is spread over 8 programs
-    while small pieces are batched by rows. On an H200 this beat 16 KiB tiles with 8 warps by
-    0.7-3.3 points of the copy limit for 16- and 64-token pages and matched it for page 1;
-    64 KiB tiles lost 10 points at page 1 (BENCHMARKS.md (a)). The interpreter runs programs one
-    after another at about 0.5 ms each plus the bytes, so there the tiles are as large as allowed.
-    """
-    seg_pow2 = _next_pow2(max(1, max_seg_bytes))
-    rows_pow2 = _next_pow2(max(1, max_rows))
-    if device.type == "cpu":
-        tile, per_program = 2**18, 2**24
-    else:
-        tile, per_program = 2**15, 2**17
-    block = min(seg_pow2, tile)
-    rows = max(1, min(rows_pow2, tile // block, 64 if device.type != "cpu" else 2**12))
-    iters = max(1, min(_cdiv(max_seg_bytes, block), per_program // (rows * block)))
-    num_warps = 16 if rows * block >= 2**15 else (8 if rows * block >= 2**14 else 4)
-    return Tiling(rows=rows, block_bytes=block, iters=iters, num_warps=num_warps)
 
 
 # ~~~ kernel ~~~
@@ -411,7 +215,7 @@ class EntryTable:
         self.packed_bytes = tuple(e.spec.packed_bytes for e in entries)
         self.max_seg_bytes = max((e.spec.seg_bytes for e in entries), default=0)
         self.max_repeat = max((e.spec.repeat for e in entries), default=0)
-        self.alignment = _pow2_alignment(
+        self.alignment = pow2_alignment(
             *(e.address for e in entries), *(e.spec.alignment() for e in entries)
         )
         prefix, total = [], 0
@@ -536,7 +340,7 @@ def _launch_alignment(
     which the segment lengths already divide.
     """
     offsets = () if staging_offsets is None else staging_offsets
-    return min(max_align, table.alignment, _pow2_alignment(staging.data_ptr(), *offsets))
+    return min(max_align, table.alignment, pow2_alignment(staging.data_ptr(), *offsets))
 
 
 def _launch(

@@ -21,6 +21,8 @@ import torch
 import triton.language as tl
 from triton.runtime.jit import JITFunction
 
+from .copy_specs import pow2_alignment
+
 # Descriptors at least this long go to the copy engine (cudaMemcpyAsync), not the kernel.
 COPY_ENGINE_BYTES = 4 << 20
 _MAX_GRID_Y = 65535  # CUDA's gridDim.y; programs loop over the descriptors beyond it
@@ -73,12 +75,6 @@ def split(nbytes: np.ndarray, copy_engine_bytes: int = COPY_ENGINE_BYTES):
     return np.flatnonzero(~big), np.flatnonzero(big)
 
 
-def _alignment(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> int:
-    g = np.bitwise_or.reduce(np.concatenate((src, dst, nbytes)).astype(np.uint64))
-    g = int(g)
-    return 16 if g == 0 else min(16, g & -g)
-
-
 def launch(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray, device: torch.device) -> None:
     """Copies every descriptor on `device`'s current stream (queued, not waited for).
 
@@ -88,7 +84,7 @@ def launch(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray, device: torch.d
     n = int(src.size)
     if n == 0:
         return
-    align = _alignment(src, dst, nbytes)
+    align = pow2_alignment(src, dst, nbytes)
     word = min(align, 4)
     vec = align // word
     vecs = (nbytes // np.uint64(align)).astype(np.int64)

@@ -323,11 +323,7 @@ class Launches:
                 e, sg = link.entries[b.entry], b.segment
                 pool = view(comp, e.src_pos if side == "src" else e.dst_pos)
                 capacity = pool.shape[0] if capacity is None else min(capacity, pool.shape[0])
-                spec = (K.SegmentSpec(sg.src_offset, sg.nbytes, sg.repeat, sg.src_stride,
-                                      pool.shape[1]) if side == "src" else
-                        K.SegmentSpec(sg.dst_offset, sg.nbytes, sg.repeat, sg.dst_stride,
-                                      pool.shape[1]))
-                entries.append(K.Entry(pool, spec))
+                entries.append(K.Entry(pool, K.SegmentSpec.of(sg, pool.shape[1], side)))
             table = K.EntryTable(entries)
             offsets = np.array([b.offset for b in bs], np.int64)
             total = np.array([b.segment.total_bytes for b in bs], np.int64)

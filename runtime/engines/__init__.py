@@ -26,14 +26,25 @@ ENGINES: dict[str, tuple[str, str]] = {
     "cuda_ipc": (".cuda_ipc", "CudaIpcEngine"),
 }
 
+# Note [Device engines]: an engine whose device memory takes other code than its host memory
+# has a second class, listed here; `device=` picks it. This is the one place that chooses
+# between them (an engine's constructor never returns another class). Engines not listed here
+# take `device=` as an argument of their one class (Mooncake, NIXL, CUDA IPC).
+DEVICE_ENGINES: dict[str, tuple[str, str]] = {
+    "local": (".local_device", "LocalDeviceEngine"),
+}
 
-def engine_class(name: str) -> type[TransferEngine]:
-    """The engine class registered under name; imports its module (and library) now."""
+
+def engine_class(name: str, device: object = None) -> type[TransferEngine]:
+    """The engine class registered under name (its device class when `device` is given and it
+    has one, Note [Device engines]); imports its module (and library) now."""
     try:
         module_name, class_name = ENGINES[name]
     except KeyError:
         known = ", ".join(sorted(ENGINES))
         raise ValueError(f"unknown transfer engine {name!r}; known engines: {known}") from None
+    if device is not None and name in DEVICE_ENGINES:
+        module_name, class_name = DEVICE_ENGINES[name]
     module = importlib.import_module(module_name, __name__)
     return getattr(module, class_name)
 
@@ -45,11 +56,15 @@ def plan_backend(name: str) -> str:
 
 
 def make_engine(name: str, **kwargs: object) -> TransferEngine:
-    """Constructs the engine registered under name with the engine's own keyword arguments."""
-    return engine_class(name)(**kwargs)
+    """Constructs the engine registered under name with the engine's own keyword arguments;
+    `device=` (None: host memory) selects a device class where there is one."""
+    if name in DEVICE_ENGINES and kwargs.get("device", 0) is None:
+        del kwargs["device"]  # the host class takes no device
+    return engine_class(name, kwargs.get("device"))(**kwargs)
 
 
 __all__ = [
+    "DEVICE_ENGINES",
     "ENGINES",
     "Batch",
     "BatchState",

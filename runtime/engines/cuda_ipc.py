@@ -1,14 +1,13 @@
 """CUDA IPC: the local device engine across processes of one host.
 
-`CudaIpcEngine(device="cuda:0")` is the local engine's device mode (a `LocalDeviceEngine`,
-runtime/engines/local.py) that also reaches device engines of OTHER processes. A registered
+`CudaIpcEngine(device="cuda:0")` is the local engine for device memory (a `LocalDeviceEngine`,
+runtime/engines/local_device.py) that also reaches device engines of OTHER processes. A registered
 region's allocation is exported as a CUDA IPC memory handle in `agent_info()`; a writer opens
 each handle once in `connect()` and then addresses the peer's memory directly: `submit_write`
 queues one descriptor-copy launch (runtime/descriptor_copy.py) for the small descriptors and a
 copy-engine copy for each large one, on the engine's stream, and `poll` asks a CUDA event.
-`plan_pages`/`submit_pages` (the direct peer kernel and the staged path) work too: the plan's
-destination pools are translated into the opened mappings. Peers of the same process keep
-LocalDeviceEngine's path (a process cannot open its own handles).
+The benchmarks' page paths over CUDA IPC are `IpcPageEngine` (bench/page_engine.py). Peers of
+the same process keep LocalDeviceEngine's path (a process cannot open its own handles).
 
 Note [IPC mappings]: a handle names a whole allocation (cudaMalloc block), and a process may
 open one allocation only once, so mappings are shared process-wide and counted: two engines of
@@ -41,16 +40,8 @@ from .base import (
     TransportInfo,
     as_descriptors,
 )
-from .local import (
-    LocalDeviceEngine,
-    PageCopy,
-    PagePlan,
-    _boot_id,
-    _CudaArray,
-    _device_modules,
-    _locate,
-    _start_time_ticks,
-)
+from .local import _boot_id, _start_time_ticks
+from .local_device import LocalDeviceEngine, _CudaArray, _device_modules, _locate
 
 _HANDLE_BYTES = 64  # sizeof(CUipcMemHandle)
 _RANGE_START, _RANGE_SIZE = 11, 12  # CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, _RANGE_SIZE
@@ -371,25 +362,6 @@ class CudaIpcEngine(LocalDeviceEngine):
                 f"cuda_ipc: destination descriptor {i} [{int(dst_u[i]):#x}, "
                 f"+{int(nbytes_u[i])}) is not inside memory {peer} registered "
                 f"({outside.size} such); nothing was written")
-
-    def plan_pages(self, peer: str, copies) -> PagePlan:
-        plan = super().plan_pages(peer, copies)  # validated against the peer's own addresses
-        target = self._peers.get(peer)
-        if not isinstance(target, _IpcPeer):
-            return plan
-        dst = target.translate(np.array([c.dst for c in plan.copies], np.uint64))
-        moved = tuple(PageCopy(c.src, int(d), c.src_item_bytes, c.dst_item_bytes,
-                               c.src_capacity, c.dst_capacity, c.segment)
-                      for c, d in zip(plan.copies, dst.tolist(), strict=True))
-        return PagePlan(peer, moved, plan.src_device, plan.dst_device)
-
-    def submit_pages(self, plan: PagePlan, src_ids, dst_ids, **kwargs) -> Batch:
-        target = self._peers.get(plan.peer)
-        if isinstance(target, _IpcPeer) and not self._alive(plan.peer, target):
-            n = len(np.asarray(src_ids))
-            return Batch(peer=plan.peer, handles=[], nbytes=n * plan.unit_bytes, descriptors=0,
-                         state=BatchState.FAILED, reason="peer process has exited")
-        return super().submit_pages(plan, src_ids, dst_ids, **kwargs)
 
     def transport(self) -> TransportInfo:
         """Note [Reported transport]: CUDA IPC mappings written by this process's own launches."""

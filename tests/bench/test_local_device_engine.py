@@ -1,5 +1,6 @@
-"""The local engine's device mode (runtime/engines/local.py, LocalDeviceEngine), on CPU tensors
-through the Triton interpreter, plus GPU tests that run where CUDA devices exist.
+"""The local engine for device memory (runtime/engines/local_device.py) and the benchmarks' page
+paths on it (bench/page_engine.py: PageEngine, IpcPageEngine), on CPU tensors through the Triton
+interpreter, plus GPU tests that run where CUDA devices exist.
 
 (Kept beside the benchmarks that drive this engine; tests/runtime/engines holds the host-memory
 engines' process tests.)
@@ -9,25 +10,32 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import numpy as np
 import pytest
 import torch
+from page_engine import IpcPageEngine, PageCopy, PageEngine, page_copies
 from pdc.runtime.datapath import LocalBuffer, RemoteBuffer
 from pdc.runtime.engines import BatchState, DescriptorError, TransferError, make_engine
-from pdc.runtime.engines.local import LocalDeviceEngine, LocalEngine, PageCopy, page_copies
+from pdc.runtime.engines.local import LocalEngine
+from pdc.runtime.engines.local_device import LocalDeviceEngine
 from pdc.runtime.indices import IndexError_
 from pdc.runtime.plan_types import Segment
 
 from ..compiler.planning import ROOT, plan_for
+from ..runtime.engines.test_cuda_ipc import _setup
 
 CAP, ITEM = 8, 2048
 
 
 def _pair(device_a="cpu", device_b="cpu", n_pools=3, seed=0):
-    a, b = LocalEngine(device=device_a), LocalEngine(device=device_b)
+    a, b = PageEngine(device_a), PageEngine(device_b)
     g = torch.Generator().manual_seed(seed)
     src = [torch.randint(0, 256, (CAP * ITEM,), dtype=torch.uint8, generator=g).to(a.device)
            for _ in range(n_pools)]
@@ -44,10 +52,11 @@ def _items(t):
     return t.view(CAP, ITEM)
 
 
-def test_device_kwarg_selects_device_mode():
-    assert type(LocalEngine()) is LocalEngine
+def test_device_kwarg_selects_the_device_engine():
+    assert type(make_engine("local")) is LocalEngine
+    assert type(make_engine("local", device=None)) is LocalEngine
     e = make_engine("local", device="cpu")
-    assert isinstance(e, LocalDeviceEngine) and e.device == torch.device("cpu")
+    assert type(e) is LocalDeviceEngine and e.device == torch.device("cpu")
     e.close()
     e.close()  # idempotent
 
@@ -180,6 +189,32 @@ def test_page_copies_follow_the_plan_link():
         page_copies(link, local, remote, "kv")
 
 
+@pytest.fixture
+def child():
+    """A live process whose pid the CUDA IPC peer claims (test_cuda_ipc.py, module docstring)."""
+    p = subprocess.Popen(["sleep", "60"])
+    yield p
+    p.kill()
+    p.wait()
+
+
+@pytest.mark.parametrize("path", ["push", "staged"])
+def test_page_plans_reach_the_pools_of_a_cuda_ipc_peer(child, path):
+    drv, writer, peer, name, src, dst = _setup(child, n=1, size=8 * 2048,
+                                               writer_class=IpcPageEngine)
+    copies = [PageCopy(src.data_ptr(), dst[0].data_ptr(), 2048, 2048, 8, 8,
+                       Segment(256, 512, 1024))]
+    plan = writer.plan_pages(name, copies)
+    s_ids, d_ids = np.array([5, 0, 7]), np.array([1, 6, 3])
+    writer.wait(writer.submit_pages(plan, s_ids, d_ids, path=path), 30)
+    got, want = dst[0].view(8, 2048), src.view(8, 2048)
+    for s, d in zip(s_ids, d_ids, strict=True):
+        assert torch.equal(got[d, 512:1536], want[s, 256:1280])
+    assert int((got[[0, 2, 4, 5, 7]] != 0xA5).sum()) == 0
+    writer.close()
+    peer.close()
+
+
 # ~~~ GPU ~~~
 
 needs_2_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
@@ -205,7 +240,7 @@ def test_cuda_peer_round_trip(path):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_register_raw_address():
-    a, b = LocalEngine(device="cuda:0"), LocalEngine(device="cuda:0")
+    a, b = LocalDeviceEngine("cuda:0"), LocalDeviceEngine("cuda:0")
     x = torch.arange(4096, dtype=torch.uint8, device="cuda:0")
     y = torch.zeros(4096, dtype=torch.uint8, device="cuda:0")
     a.register(x.data_ptr(), 4096)

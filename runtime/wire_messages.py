@@ -1,0 +1,555 @@
+"""Wire format, version 1 (runtime/wire.py): its constants and limits, its error, the messages
+(frozen dataclasses that validate themselves on construction) and a registration's sections."""
+
+from __future__ import annotations
+
+import enum
+import operator
+import struct
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .plan_types import RankId
+
+WIRE_MAGIC = b"PDCW"
+WIRE_VERSION = 1
+
+# magic, version, type, flags, fingerprint, body length, crc32
+_HEADER = struct.Struct("<4sHBBQII")
+HEADER_BYTES = _HEADER.size  # 24
+_CRC_OFFSET = 20  # the CRC covers header bytes [0, _CRC_OFFSET) and the body
+
+# ~~~ limits ~~~
+# Each bound is what a decoder accepts at most; they are part of the format (a peer that
+# needs more must wait for a new wire version), and they cap what a malformed length field
+# can make a decoder allocate.
+MAX_PAGE_IDS = 1 << 21  # per page-id array: a 2M-token request at page size 1
+MAX_AGENT_INFO_BYTES = 1 << 20  # engine peer info (NIXL agent metadata is tens of KiB)
+MAX_ENDPOINT_BYTES = 1024  # a ZeroMQ endpoint such as "tcp://10.1.2.3:5757"
+MAX_REASON_BYTES = 4096  # a failure reason, UTF-8
+MAX_SECTION_ENTRIES = 1 << 16  # registered entries of one component on one rank
+# The largest body any message needs (two full page-id arrays plus the fixed fields of a
+# TransferRequest is 32 MiB), with room to spare; the control plane can use HEADER_BYTES +
+# MAX_BODY_BYTES as the transport's maximum message size.
+MAX_BODY_BYTES = 64 << 20
+
+PLAN_DIGEST_BYTES = 32  # sha256 of the plan (Plan.digest() as raw bytes)
+NO_INDEX = -1  # "none" for TransferRequest.slot / ring_slot / aux_row
+
+_U8, _U16, _U32, _U64 = (1 << 8) - 1, (1 << 16) - 1, (1 << 32) - 1, (1 << 64) - 1
+_I64_MAX = (1 << 63) - 1
+_I64 = np.dtype("<i8")
+_U64_DT = np.dtype("<u8")
+
+
+class WireError(ValueError):
+    """A message is malformed or invalid. `field` names where (e.g. "Status.reason",
+    "header.fingerprint"), `reason` says what is wrong; str() is "field: reason".
+
+    The only exception `decode` raises, and the one the encoders and message constructors
+    raise for invalid values.
+    """
+
+    def __init__(self, field: str, reason: str):
+        # args = (field, reason) keeps the exception picklable across processes.
+        super().__init__(field, reason)
+        self.field = field
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.reason}"
+
+
+class MessageType(enum.IntEnum):
+    # 0 is never used, so an all-zero buffer is not a message.
+    REGISTER = 1
+    TRANSFER_REQUEST = 2
+    STATUS = 3
+    ABORT = 4
+    ABORT_ACK = 5
+    HEARTBEAT = 6
+
+
+class PeerSide(enum.IntEnum):
+    PREFILL = 0
+    DECODE = 1
+
+
+class KVPoll(enum.IntEnum):
+    """State of one request on one rank, as reported in Status. Named (members included)
+    after the engines' KVPoll so integrators feel at home, but numbered in progress order
+    (the engines put Failed at 0): a request's state only ever moves up, Failed is terminal."""
+
+    Bootstrapping = 0
+    WaitingForInput = 1
+    Transferring = 2
+    Success = 3
+    Failed = 4
+
+
+# ~~~ validation helpers (messages call these in __post_init__) ~~~
+
+
+def _int(name: str, value: object) -> int:
+    if isinstance(value, bool):
+        raise WireError(name, "must be an integer, not a bool")
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise WireError(name, f"must be an integer, got {type(value).__name__}") from None
+
+
+def _uint(name: str, value: object, top: int) -> int:
+    v = _int(name, value)
+    if not 0 <= v <= top:
+        raise WireError(name, f"{v} is outside 0..{top}")
+    return v
+
+
+def _opt_index(name: str, value: object) -> int:
+    """An index that may be NO_INDEX (-1) for "none"; any other negative value is invalid."""
+    v = _int(name, value)
+    if not NO_INDEX <= v <= _I64_MAX:
+        raise WireError(name, f"{v} is not an index: use 0..{_I64_MAX}, or -1 for none")
+    return v
+
+
+def _flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool | np.bool_):
+        raise WireError(name, f"must be a bool, got {type(value).__name__}")
+    return bool(value)
+
+
+def _enum(name: str, value: object, cls: type[enum.IntEnum]) -> Any:
+    v = _int(name, value)
+    try:
+        return cls(v)
+    except ValueError:
+        valid = ", ".join(f"{m.value} {m.name}" for m in cls)
+        raise WireError(name, f"{v} is not a {cls.__name__} (valid: {valid})") from None
+
+
+def _rank(name: str, value: object) -> RankId:
+    if not isinstance(value, RankId):
+        raise WireError(name, f"must be a RankId, got {type(value).__name__}")
+    _uint(f"{name}.pp", value.pp, _U16)
+    _uint(f"{name}.tp", value.tp, _U16)
+    return RankId(int(value.pp), int(value.tp))
+
+
+def _text(name: str, value: object, max_bytes: int) -> str:
+    if not isinstance(value, str):
+        raise WireError(name, f"must be a str, got {type(value).__name__}")
+    try:
+        n = len(value.encode("utf-8"))
+    except UnicodeEncodeError as e:
+        raise WireError(name, f"is not encodable as UTF-8 (character {e.start} is a lone "
+                              f"surrogate)") from None
+    if n > max_bytes:
+        raise WireError(name, f"{n} bytes of UTF-8 exceed the maximum of {max_bytes}")
+    return value
+
+
+def _blob(name: str, value: object, max_bytes: int) -> bytes:
+    if not isinstance(value, bytes | bytearray | memoryview):
+        raise WireError(name, f"must be bytes, got {type(value).__name__}")
+    b = bytes(value)
+    if len(b) > max_bytes:
+        raise WireError(name, f"{len(b)} bytes exceed the maximum of {max_bytes}")
+    return b
+
+
+def _empty_ids() -> np.ndarray:
+    a = np.zeros(0, _I64)
+    a.flags.writeable = False
+    return a
+
+
+def _id_array(name: str, value: object) -> np.ndarray:
+    """A read-only little-endian int64 array of non-negative ids, at most MAX_PAGE_IDS long.
+
+    A decoded array (read-only, '<i8', a view of the immutable input bytes) is kept as is;
+    anything else is copied, so a message never aliases memory its caller may change.
+    """
+    arr = value if isinstance(value, np.ndarray) else np.asarray(value)
+    if arr.ndim != 1:
+        raise WireError(name, f"must be a 1-D array, got shape {arr.shape}")
+    if arr.size > MAX_PAGE_IDS:
+        raise WireError(name, f"{arr.size} ids exceed the maximum of {MAX_PAGE_IDS}")
+    if arr.size == 0:
+        return _empty_ids()
+    if arr.dtype.kind not in "iu":
+        raise WireError(name, f"must hold integers, got dtype {arr.dtype}")
+    if arr.dtype.kind == "u" and int(arr.max()) > _I64_MAX:
+        i = int(np.argmax(arr > _I64_MAX))
+        raise WireError(f"{name}[{i}]", f"{int(arr[i])} does not fit in an int64 page id")
+    if arr.dtype.kind == "i" and int(arr.min()) < 0:
+        i = int(np.argmax(arr < 0))
+        raise WireError(f"{name}[{i}]", f"{int(arr[i])} is negative; page ids are >= 0")
+    if arr.dtype != _I64 or arr.flags.writeable:
+        arr = arr.astype(_I64)  # always a copy here (a writable or foreign array)
+        arr.flags.writeable = False
+    return arr
+
+
+# ~~~ messages ~~~
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RegEntry:
+    """One registered buffer: item i of this (tensor, layer) lives at base_addr + i*item_bytes."""
+
+    layer_id: int  # global layer id, or the component's sentinel for request-wide state
+    tensor: str  # tensor name within the component ("k", "v", or "data")
+    base_addr: int  # address of item 0 in the registering process's (engine's) memory
+    item_bytes: int  # bytes of one item on this rank (after TP sharding)
+    capacity_items: int  # items the buffer holds: every index a peer sends is checked below it
+
+    def __post_init__(self) -> None:
+        s = object.__setattr__
+        s(self, "layer_id", _uint("RegEntry.layer_id", self.layer_id, _U32))
+        if not isinstance(self.tensor, str) or not self.tensor:
+            raise WireError("RegEntry.tensor", "must be a non-empty tensor name")
+        base = _uint("RegEntry.base_addr", self.base_addr, _U64)
+        item = _uint("RegEntry.item_bytes", self.item_bytes, _U64)
+        cap = _uint("RegEntry.capacity_items", self.capacity_items, _U64)
+        if base == 0:
+            raise WireError("RegEntry.base_addr", "0 is not a buffer address")
+        if item == 0:
+            raise WireError("RegEntry.item_bytes", "an item holds at least one byte")
+        if cap == 0:
+            raise WireError("RegEntry.capacity_items", "a buffer holds at least one item")
+        if base + item * cap > _U64 + 1:
+            # Descriptors are base + index * item_bytes in u64: the buffer may not wrap.
+            raise WireError("RegEntry.capacity_items",
+                            f"{cap} items of {item} bytes from {base:#x} run past 2^64")
+        s(self, "base_addr", base)
+        s(self, "item_bytes", item)
+        s(self, "capacity_items", cap)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Section:
+    """The entries one rank registers for one component. A component the rank holds no
+    layer of still has its section, with no entries: sections are positional."""
+
+    component: str
+    entries: tuple[RegEntry, ...] = ()
+
+    def __post_init__(self) -> None:
+        entries = tuple(self.entries)
+        for i, e in enumerate(entries):
+            if not isinstance(e, RegEntry):
+                raise WireError(f"Section({self.component}).entries[{i}]",
+                                f"must be a RegEntry, got {type(e).__name__}")
+        object.__setattr__(self, "entries", entries)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Register:
+    """A rank introduces itself to a peer, once per peer (not per request)."""
+
+    side: PeerSide
+    dp_group: int  # attention-DP group of the rank
+    rank: RankId
+    page_size: int  # tokens per KV page; both sides must agree (checked at the handshake)
+    plan_digest: bytes  # sha256 of the plan, 32 raw bytes: both sides lowered the same plan
+    agent_info: bytes  # transfer engine peer info (Mooncake session id, NIXL agent metadata)
+    control_endpoint: str  # ZeroMQ endpoint where this rank receives control messages
+    sections: tuple[Section, ...]  # one per component of the family, in spec order
+    # Decode's registered staging arena (Note [Staging layout] in runtime/staging.py): every
+    # TransferRequest.staging region must lie inside it. 0 bytes: this rank never stages.
+    staging_addr: int = 0
+    staging_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        s = object.__setattr__
+        s(self, "side", _enum("Register.side", self.side, PeerSide))
+        s(self, "dp_group", _uint("Register.dp_group", self.dp_group, _U16))
+        s(self, "rank", _rank("Register.rank", self.rank))
+        ps = _uint("Register.page_size", self.page_size, _U32)
+        if ps == 0:
+            raise WireError("Register.page_size", "a page holds at least one token")
+        s(self, "page_size", ps)
+        digest = _blob("Register.plan_digest", self.plan_digest, PLAN_DIGEST_BYTES)
+        if len(digest) != PLAN_DIGEST_BYTES:
+            raise WireError("Register.plan_digest",
+                            f"{len(digest)} bytes; a sha256 digest is {PLAN_DIGEST_BYTES}")
+        s(self, "plan_digest", digest)
+        s(self, "agent_info", _blob("Register.agent_info", self.agent_info,
+                                    MAX_AGENT_INFO_BYTES))
+        s(self, "control_endpoint", _text("Register.control_endpoint", self.control_endpoint,
+                                          MAX_ENDPOINT_BYTES))
+        sections = tuple(self.sections)
+        for i, sec in enumerate(sections):
+            if not isinstance(sec, Section):
+                raise WireError(f"Register.sections[{i}]",
+                                f"must be a Section, got {type(sec).__name__}")
+        s(self, "sections", sections)
+        addr, nbytes = _staging("Register", self.staging_addr, self.staging_bytes)
+        s(self, "staging_addr", addr)
+        s(self, "staging_bytes", nbytes)
+
+
+def _staging(msg: str, addr: object, nbytes: object) -> tuple[int, int]:
+    """A staging region (address, bytes): 0 bytes means none."""
+    addr = _uint(f"{msg}.staging_addr", addr, _U64)
+    nbytes = _uint(f"{msg}.staging_bytes", nbytes, _U64)
+    if nbytes and not addr:
+        raise WireError(f"{msg}.staging_addr", "0 is not a staging address")
+    if addr + nbytes > _U64 + 1:
+        raise WireError(f"{msg}.staging_bytes", f"{nbytes} bytes from {addr:#x} run past 2^64")
+    return addr, nbytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class TransferRequest:
+    """Decode asks one prefill rank for a request's state (once per request and decode rank;
+    re-sent with a new chunk_id to retry). Ids are decode-side pool ids."""
+
+    room: int  # request id (bootstrap room)
+    generation: int  # bumps when decode reuses the room; stale messages are ignored
+    decode_rank: RankId
+    chunk_id: int = 0  # 0 for the first request; decode re-sends with a higher id
+    decode_prefix_tokens: int = 0  # tokens decode already holds (prefix cache): not sent
+    slot: int = NO_INDEX  # slot-state index (mamba slot), or -1 when the family has none
+    ring_slot: int = NO_INDEX  # req_pool_idx for ring state, or -1
+    aux_row: int = NO_INDEX  # metadata row, or -1
+    # Staged path (Note [Staging layout] in runtime/staging.py): a region of decode's
+    # registered staging arena for this request and this prefill rank; 0 bytes = direct path.
+    staging_addr: int = 0
+    staging_bytes: int = 0
+    dst_page_ids: np.ndarray = field(default_factory=_empty_ids)  # one per absolute page position
+    window_page_ids: np.ndarray = field(default_factory=_empty_ids)  # sliding-window pages
+
+    def __post_init__(self) -> None:
+        s = object.__setattr__
+        s(self, "room", _uint("TransferRequest.room", self.room, _U64))
+        s(self, "generation", _uint("TransferRequest.generation", self.generation, _U32))
+        s(self, "decode_rank", _rank("TransferRequest.decode_rank", self.decode_rank))
+        s(self, "chunk_id", _uint("TransferRequest.chunk_id", self.chunk_id, _U32))
+        s(self, "decode_prefix_tokens",
+          _uint("TransferRequest.decode_prefix_tokens", self.decode_prefix_tokens, _U64))
+        s(self, "slot", _opt_index("TransferRequest.slot", self.slot))
+        s(self, "ring_slot", _opt_index("TransferRequest.ring_slot", self.ring_slot))
+        s(self, "aux_row", _opt_index("TransferRequest.aux_row", self.aux_row))
+        addr, nbytes = _staging("TransferRequest", self.staging_addr, self.staging_bytes)
+        s(self, "staging_addr", addr)
+        s(self, "staging_bytes", nbytes)
+        s(self, "dst_page_ids", _id_array("TransferRequest.dst_page_ids", self.dst_page_ids))
+        s(self, "window_page_ids",
+          _id_array("TransferRequest.window_page_ids", self.window_page_ids))
+
+    def __eq__(self, other: object) -> bool:
+        # Generated __eq__ would compare numpy arrays with ==, whose truth is ambiguous.
+        if not isinstance(other, TransferRequest):
+            return NotImplemented
+        return (
+            (self.room, self.generation, self.decode_rank, self.chunk_id,
+             self.decode_prefix_tokens, self.slot, self.ring_slot, self.aux_row,
+             self.staging_addr, self.staging_bytes)
+            == (other.room, other.generation, other.decode_rank, other.chunk_id,
+                other.decode_prefix_tokens, other.slot, other.ring_slot, other.aux_row,
+                other.staging_addr, other.staging_bytes)
+            and np.array_equal(self.dst_page_ids, other.dst_page_ids)
+            and np.array_equal(self.window_page_ids, other.window_page_ids)
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # equal messages hold equal arrays
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Status:
+    """Prefill reports a request's state to one decode rank (per chunk, and at the end)."""
+
+    room: int
+    generation: int  # echoes the TransferRequest's generation
+    prefill_rank: RankId
+    state: KVPoll
+    chunk_id: int = 0  # the TransferRequest chunk_id this answers
+    page_start: int = 0  # absolute position of the first page of the chunk reported
+    page_count: int = 0  # pages of that chunk
+    bytes_written: int = 0  # bytes this prefill rank wrote for the request so far
+    checksum: int | None = None  # optional digest of the bytes written (None: not computed)
+    reason: str = ""  # why, when state is Failed (required then); free text otherwise
+
+    def __post_init__(self) -> None:
+        s = object.__setattr__
+        s(self, "room", _uint("Status.room", self.room, _U64))
+        s(self, "generation", _uint("Status.generation", self.generation, _U32))
+        s(self, "prefill_rank", _rank("Status.prefill_rank", self.prefill_rank))
+        s(self, "state", _enum("Status.state", self.state, KVPoll))
+        s(self, "chunk_id", _uint("Status.chunk_id", self.chunk_id, _U32))
+        s(self, "page_start", _uint("Status.page_start", self.page_start, _U64))
+        s(self, "page_count", _uint("Status.page_count", self.page_count, _U32))
+        s(self, "bytes_written", _uint("Status.bytes_written", self.bytes_written, _U64))
+        if self.checksum is not None:
+            s(self, "checksum", _uint("Status.checksum", self.checksum, _U64))
+        s(self, "reason", _text("Status.reason", self.reason, MAX_REASON_BYTES))
+        if self.state is KVPoll.Failed and not self.reason:
+            raise WireError("Status.reason", "a Failed status must say why")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Abort:
+    """Decode tells a prefill rank to stop writing a request (then waits for AbortAck before
+    it frees the request's pages)."""
+
+    room: int
+    generation: int
+    decode_rank: RankId
+
+    def __post_init__(self) -> None:
+        s = object.__setattr__
+        s(self, "room", _uint("Abort.room", self.room, _U64))
+        s(self, "generation", _uint("Abort.generation", self.generation, _U32))
+        s(self, "decode_rank", _rank("Abort.decode_rank", self.decode_rank))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AbortAck:
+    """Prefill confirms an Abort. `drained` is True when no write of the request is still
+    in flight, so decode may reuse its pages; False means writes stayed stuck past prefill's
+    drain deadline, and decode quarantines the pages at once (they are never reused)."""
+
+    room: int
+    generation: int  # the Abort's generation
+    prefill_rank: RankId
+    drained: bool
+
+    def __post_init__(self) -> None:
+        s = object.__setattr__
+        s(self, "room", _uint("AbortAck.room", self.room, _U64))
+        s(self, "generation", _uint("AbortAck.generation", self.generation, _U32))
+        s(self, "prefill_rank", _rank("AbortAck.prefill_rank", self.prefill_rank))
+        s(self, "drained", _flag("AbortAck.drained", self.drained))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Heartbeat:
+    side: PeerSide  # side of the sender
+    rank: RankId  # rank of the sender
+    sequence: int  # increments by one per heartbeat of this sender
+    monotonic_ns: int  # sender's time.monotonic_ns(): only differences mean anything
+
+    def __post_init__(self) -> None:
+        s = object.__setattr__
+        s(self, "side", _enum("Heartbeat.side", self.side, PeerSide))
+        s(self, "rank", _rank("Heartbeat.rank", self.rank))
+        s(self, "sequence", _uint("Heartbeat.sequence", self.sequence, _U64))
+        s(self, "monotonic_ns", _uint("Heartbeat.monotonic_ns", self.monotonic_ns, _U64))
+
+
+Message = Register | TransferRequest | Status | Abort | AbortAck | Heartbeat
+
+
+@dataclass(frozen=True, slots=True)
+class WireComponent:
+    """What the wire knows of one component of a family (generated modules build these)."""
+
+    name: str
+    tensors: tuple[str, ...]  # tensor names; a RegEntry's tensor index points into these
+    layer_ids: tuple[int, ...]  # ids an entry may carry: global layer ids, or (sentinel,)
+    _tensor_index: dict[str, int] = field(init=False, repr=False, compare=False)
+    _layer_set: frozenset[int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.tensors or len(self.tensors) > _U8 + 1:
+            raise ValueError(f"component {self.name!r}: 1..256 tensors, got {len(self.tensors)}")
+        if len(set(self.tensors)) != len(self.tensors):
+            raise ValueError(f"component {self.name!r} names a tensor twice")
+        if not self.layer_ids or len(set(self.layer_ids)) != len(self.layer_ids) or not all(
+                0 <= i <= _U32 for i in self.layer_ids):
+            raise ValueError(f"component {self.name!r}: layer ids must be distinct u32s")
+        object.__setattr__(self, "_tensor_index", {t: i for i, t in enumerate(self.tensors)})
+        object.__setattr__(self, "_layer_set", frozenset(self.layer_ids))
+
+    @property
+    def max_entries(self) -> int:
+        """Entries one rank can register: every (tensor, layer) at most once."""
+        return min(len(self.tensors) * len(self.layer_ids), MAX_SECTION_ENTRIES)
+
+
+# ~~~ registration sections ~~~
+
+
+def _check_sections(sections: tuple[Section, ...], components: Sequence[WireComponent],
+                    where: str) -> None:
+    """Sections match the family: one per component in spec order, valid tensor names and
+    layer ids, entries in layout order (tensor-major, then ascending layer id) without repeats.
+
+    Layout order is the order `ComponentLayout.entries_for` gives and plan positions
+    (LinkEntry.src_pos / dst_pos) index, so a registration can be paired by position."""
+    if len(sections) != len(components):
+        raise WireError(where, f"{len(sections)} sections, but the family has "
+                               f"{len(components)} components ({_names(components)}): both "
+                               f"sides must compile the same spec")
+    for i, (sec, comp) in enumerate(zip(sections, components, strict=True)):
+        at = f"{where}[{i}]"
+        if sec.component != comp.name:
+            raise WireError(f"{at}.component", f"is {sec.component!r}, but section {i} "
+                                                f"belongs to component {comp.name!r}")
+        if len(sec.entries) > comp.max_entries:
+            raise WireError(f"{at}.entries", f"{len(sec.entries)} entries exceed the maximum "
+                                             f"of {comp.max_entries} for {comp.name!r}")
+        prev: tuple[int, int] | None = None
+        for j, e in enumerate(sec.entries):
+            t = comp._tensor_index.get(e.tensor)
+            if t is None:
+                raise WireError(f"{at}.entries[{j}].tensor",
+                                f"{e.tensor!r} is not a tensor of {comp.name!r} "
+                                f"({', '.join(comp.tensors)})")
+            prev = _check_entry_order(f"{at}.entries[{j}]", comp, t, e.layer_id, prev)
+
+
+def _check_entry_order(at: str, comp: WireComponent, tensor: int, layer_id: int,
+                       prev: tuple[int, int] | None) -> tuple[int, int]:
+    if layer_id not in comp._layer_set:
+        raise WireError(f"{at}.layer_id", f"{layer_id} is not a layer of {comp.name!r}")
+    key = (tensor, layer_id)
+    if prev is not None and key <= prev:
+        what = "repeats" if key == prev else "comes after"
+        raise WireError(at, f"(tensor {comp.tensors[tensor]!r}, layer {layer_id}) {what} "
+                            f"(tensor {comp.tensors[prev[0]]!r}, layer {prev[1]}): entries go "
+                            f"tensor-major, then by ascending layer id, each once")
+    return key
+
+
+def _names(components: Sequence[WireComponent]) -> str:
+    return ", ".join(c.name for c in components)
+
+
+def registration_sections(components: Sequence[WireComponent],
+                          buffers: Mapping[str, Iterable[RegEntry]]) -> tuple[Section, ...]:
+    """Register.sections for a rank that registered `buffers` (component name -> entries).
+
+    Components missing from `buffers` get an empty section (the rank holds none of their
+    layers), entries are put in layout order (tensor-major, then layer id: the order plan
+    positions refer to), and everything is checked as `encode` would: unknown component or
+    tensor names, layer ids outside the component and repeated entries raise WireError.
+    """
+    known = {c.name for c in components}
+    unknown = sorted(set(buffers) - known)
+    if unknown:
+        raise WireError("sections", f"unknown component(s) {', '.join(map(repr, unknown))}; "
+                                    f"the family has {_names(components)}")
+    sections = []
+    for i, comp in enumerate(components):
+        entries = tuple(buffers.get(comp.name, ()))
+        for j, e in enumerate(entries):
+            if not isinstance(e, RegEntry):
+                raise WireError(f"sections[{i}].entries[{j}]",
+                                f"must be a RegEntry, got {type(e).__name__}")
+            if e.tensor not in comp._tensor_index:
+                raise WireError(f"sections[{i}].entries[{j}].tensor",
+                                f"{e.tensor!r} is not a tensor of {comp.name!r} "
+                                f"({', '.join(comp.tensors)})")
+        ordered = tuple(sorted(entries, key=lambda e, c=comp: (c._tensor_index[e.tensor],
+                                                                e.layer_id)))
+        sections.append(Section(component=comp.name, entries=ordered))
+    out = tuple(sections)
+    _check_sections(out, components, "sections")
+    return out
