@@ -210,7 +210,9 @@ def _rank_loop(blob, key, bootstrap, cmd_q, res_q):
     from pdc.runtime import knobs
     from pdc.runtime.control import BootstrapServer
     from pdc.runtime.endpoints import (
+        NO_FAULTS,
         DecodeEndpoint,
+        Faults,
         KVPoll,
         PageState,
         PrefillEndpoint,
@@ -236,9 +238,12 @@ def _rank_loop(blob, key, bootstrap, cmd_q, res_q):
     kw = {"transfer_timeout_s": cfg.engine_timeout_s} if cfg.engine == "mooncake" else {}
     engine = make_engine(cfg.engine, **kw)
     if side == ROLE_PREFILL:
-        ep = PrefillEndpoint(layout, wire, plan, rank, dp, engine, pools, bootstrap)
-        if cfg.sabotage == "early_ack":
-            _sabotage_early_ack(ep)
+        # The early_ack sabotage: prefill acks aborts before its writes drained (Note [Fault
+        # hooks]); the decode canaries must catch the late writes.
+        faults = Faults(ack_abort_before_drain=True) if cfg.sabotage == "early_ack" else \
+            NO_FAULTS
+        ep = PrefillEndpoint(layout, wire, plan, rank, dp, engine, pools, bootstrap,
+                             faults=faults)
     else:
         pools.arena[:] = CANARY
         ep = DecodeEndpoint(layout, wire, plan, rank, dp, engine, pools, bootstrap)
@@ -294,16 +299,6 @@ def _rank_loop(blob, key, bootstrap, cmd_q, res_q):
         boot.close()
     engine.close()
     res_q.put(("bye", key))
-
-
-def _sabotage_early_ack(ep) -> None:
-    from pdc.runtime import wire as W
-
-    def on_abort(identity, msg):
-        ep._reply(identity, W.AbortAck(room=msg.room, generation=msg.generation,
-                                       prefill_rank=ep.rank, drained=True))
-
-    ep._on_abort = on_abort
 
 
 def _prefill_start(layout, plan, rank, ep, pools, req):

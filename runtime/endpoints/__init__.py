@@ -50,12 +50,15 @@ a late prefill scheduler learns of the abort instead of waiting for its deadline
 
 from .common import REG_ROOM, KVPoll, PageState, RequestStats, check_backend
 from .decode import DecodeEndpoint, DecodeReceiver
+from .faults import NO_FAULTS, Faults
 from .prefill import PrefillEndpoint, PrefillSender
 
 __all__ = [
+    "NO_FAULTS",
     "REG_ROOM",
     "DecodeEndpoint",
     "DecodeReceiver",
+    "Faults",
     "KVPoll",
     "PageState",
     "PrefillEndpoint",

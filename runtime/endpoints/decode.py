@@ -29,6 +29,7 @@ from .common import (
     _peer_name,
     check_backend,
 )
+from .faults import NO_FAULTS, Faults
 from .handshake import DecodeHandshake
 from .liveness import DecodeLiveness
 from .records import _Recv
@@ -42,8 +43,10 @@ class DecodeEndpoint(DecodeHandshake, DecodeLiveness, DecodeStaging):
 
     def __init__(self, layout: FamilyLayout, wire_module, plan: Plan, rank: RankId,
                  dp_group: int, engine: TransferEngine, pools: RankPools, bootstrap: str,
-                 metrics: TransferMetrics | RecordBuffer | None = None):
+                 metrics: TransferMetrics | RecordBuffer | None = None,
+                 faults: Faults = NO_FAULTS):
         check_backend(plan, engine)
+        self.faults = faults  # Note [Fault hooks]; NO_FAULTS when serving
         self.metrics = metrics  # per-request records (runtime/metrics.py); None: log knob only
         self.rank_label = f"dp{dp_group}.pp{rank.pp}.tp{rank.tp}"
         self.transport = engine.transport()  # Note [Reported transport]
@@ -305,6 +308,8 @@ class DecodeReceiver:
             rv.deadline = rv.t_requested + knobs.get("transfer_timeout_s")
             rv.state = KVPoll.WaitingForInput
             regions = {name: ep._stage(rv, name, items) for name in sorted(rv.expected)}
+            if ep.faults.staging_region is not None:  # Note [Fault hooks]: tests only
+                regions = {n: ep.faults.staging_region(*r) for n, r in regions.items()}
             rv.staged_links = len(rv.staged)
         for name, (addr, nbytes) in regions.items():
             # One message per source: each link of a staged request has its own region.

@@ -24,6 +24,7 @@ from .common import (
     RequestStats,
     check_backend,
 )
+from .faults import NO_FAULTS, Faults
 from .handshake import PrefillHandshake
 from .liveness import PrefillLiveness
 from .prefill_control import PrefillControl
@@ -40,8 +41,10 @@ class PrefillEndpoint(PrefillHandshake, PrefillControl, PrefillLiveness, Prefill
 
     def __init__(self, layout: FamilyLayout, wire_module, plan: Plan, rank: RankId,
                  dp_group: int, engine: TransferEngine, pools: RankPools, bootstrap: str,
-                 metrics: TransferMetrics | RecordBuffer | None = None):
+                 metrics: TransferMetrics | RecordBuffer | None = None,
+                 faults: Faults = NO_FAULTS):
         check_backend(plan, engine)
+        self.faults = faults  # Note [Fault hooks]; NO_FAULTS when serving
         self.metrics = metrics  # per-request records (runtime/metrics.py); None: log knob only
         self.rank_label = f"dp{dp_group}.pp{rank.pp}.tp{rank.tp}"
         self.transport = engine.transport()  # Note [Reported transport]

@@ -165,6 +165,10 @@ class PrefillControl:
 
     def _on_abort(self, identity: bytes, msg) -> None:
         room, gen, rank = msg.room, msg.generation, msg.decode_rank
+        if self.faults.ack_abort_before_drain:  # Note [Fault hooks]: a sabotage run only
+            self._reply(identity, W.AbortAck(room=room, generation=gen, prefill_rank=self.rank,
+                                             drained=True))
+            return
         peer = self._requester(identity, room, rank)
         if isinstance(peer, str):
             self._reject(identity, "abort", f"abort refused: {peer}")

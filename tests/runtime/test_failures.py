@@ -17,7 +17,7 @@ import zmq
 from pdc.runtime import knobs
 from pdc.runtime import wire as W
 from pdc.runtime.control import BootstrapServer, Hub
-from pdc.runtime.endpoints import REG_ROOM, KVPoll, PageState
+from pdc.runtime.endpoints import REG_ROOM, Faults, KVPoll, PageState
 
 from .failure_tools import R0, Family, Gate, Pair, fill, send_all, tight_knobs, values, wait_for
 
@@ -59,6 +59,22 @@ def test_abort_acks_only_after_in_flight_writes_drained(pair):
     assert np.all(pair.dpools.view("kv", 0)[1] == 7)  # the held write landed, before the ack
     stats = pair.pre.stats()
     assert stats["aborts_with_writes_in_flight"] == 1 and stats["chunks_dropped"] == 1
+
+
+def test_the_early_ack_fault_acks_an_abort_while_writes_are_in_flight(pair):
+    """Note [Fault hooks]: the fault the reliability harness's sabotage run commits, set on the
+    endpoint instead of patched into it; without it (above) the ack waits for the drain."""
+    pair.pre.faults = Faults(ack_abort_before_drain=True)
+    pair.peng.hold = True
+    s, rv = start(pair, 11, [1, 2], 1, 7)
+    s.send([1], 0, False, 4)
+    wait_for(lambda: pair.peng.held, what="a write in flight")
+    rv.abort(wait=False)  # (the early ack may already be back when it returns)
+    wait_for(lambda: rv.page_state == PageState.REUSABLE, what="the early ack")
+    assert len(pair.peng.held) == 1  # acked although its write is still in flight
+    assert s.poll() == KVPoll.Transferring  # prefill carries on: nothing ended its use
+    assert pair.pre.stats().get("aborts", 0) == 0
+    pair.peng.release()
 
 
 def test_abort_without_ack_quarantines_the_pages(pair):

@@ -16,7 +16,7 @@ import pytest
 import torch
 from pdc.runtime import knobs
 from pdc.runtime.control import BootstrapServer
-from pdc.runtime.endpoints import DecodeEndpoint, KVPoll, PageState, PrefillEndpoint
+from pdc.runtime.endpoints import DecodeEndpoint, Faults, KVPoll, PageState, PrefillEndpoint
 from pdc.runtime.engines import make_engine
 from pdc.runtime.plan_types import RankId
 from pdc.runtime.pools import Capacity, TensorPools
@@ -217,11 +217,9 @@ def test_a_bad_staging_region_fails_that_request_before_any_write(split, region,
     size than the plan's staging layout, gets its request refused; nothing is written."""
     knobs.override(staged_min_descriptors=0)
     dec = split.decs[1]
-    real = dec._stage
     seen = {}
 
-    def bad_stage(rv, name, items):
-        addr, n = real(rv, name, items)
+    def bad_region(addr, n):
         seen["need"] = n
         if region == "outside":
             addr = dec.arena.base + len(dec.arena.buf) - n + 64
@@ -230,7 +228,7 @@ def test_a_bad_staging_region_fails_that_request_before_any_write(split, region,
         seen["addr"], seen["n"] = addr, n
         return addr, n
 
-    dec._stage = bad_stage
+    dec.faults = Faults(staging_region=bad_region)  # Note [Fault hooks]
     s, rvs = split.request(25, [1, 2, 3], 1)
     wait_for(lambda: all(rv.poll() == KVPoll.Failed for rv in rvs), what="the refusal")
     why = reason.format(base=dec.arena.base, size=len(dec.arena.buf), **seen)
