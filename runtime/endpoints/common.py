@@ -12,8 +12,7 @@ from ..plan_types import Plan, RankId
 REG_ROOM = 2**64 - 1
 
 
-KVPoll = W.KVPoll  # one enum for the API and the wire (progress order, Failed terminal)
-_TERMINAL = (KVPoll.Success, KVPoll.Failed)
+KVPoll = W.KVPoll  # one enum for the API and the wire (Note [Request states], states.py)
 
 
 class PageState(enum.Enum):

@@ -22,7 +22,6 @@ from ..metrics import RecordBuffer, TransferMetrics, TransferRecord, emit
 from ..plan_types import Plan, RankId, dp_group_of_room
 from ..pools import RankPools
 from .common import (
-    _TERMINAL,
     REG_ROOM,
     KVPoll,
     PageState,
@@ -31,9 +30,10 @@ from .common import (
 )
 from .faults import NO_FAULTS, Faults
 from .handshake import DecodeHandshake
-from .liveness import DecodeLiveness
+from .liveness import DecodeLiveness, Liveness
 from .records import _Recv
 from .staged import DecodeStaging, _deregister_arena, _launches, _staging_arena
+from .states import TERMINAL, advanced, page_state
 
 
 class DecodeEndpoint(DecodeHandshake, DecodeLiveness, DecodeStaging):
@@ -68,7 +68,6 @@ class DecodeEndpoint(DecodeHandshake, DecodeLiveness, DecodeStaging):
         self.lock = threading.Lock()
         self.recvs: dict[tuple[int, int], _Recv] = {}
         self.reg_state: dict[str, tuple[KVPoll, str]] = {}
-        self.last_heard: dict[str, float] = {}
         self.addresses: dict[str, str] = {}
         self.source_rank: dict[str, RankId] = {}
         self.links = {lk.prefill: lk for lk in plan.links_to(rank)}
@@ -78,8 +77,7 @@ class DecodeEndpoint(DecodeHandshake, DecodeLiveness, DecodeStaging):
         self._hb_seq = 0
         self._last_refresh = 0.0
         self._refreshing = False
-        self._last_tick = 0.0
-        self.max_stall_s = 0.0  # longest gap between two timer runs of the control thread
+        self.liveness = Liveness()  # of the prefill ranks, by name (Note [Peer liveness])
         self.last_rejection = ""
         self._reg_payload = b""
         # Last: the hub thread starts handling messages and timers at once.
@@ -105,7 +103,7 @@ class DecodeEndpoint(DecodeHandshake, DecodeLiveness, DecodeStaging):
                 with self.lock:  # the hub thread reads these tables already
                     self.source_rank[name] = src
                     self.reg_state[name] = (KVPoll.Bootstrapping, "")
-                    self.last_heard[name] = time.monotonic()
+                    self.liveness.add(name, time.monotonic())
                     self.addresses[name] = table[(g, src.pp, src.tp)]
                 self.hub.connect(name, self.addresses[name])
                 self.hub.send(name, self._reg_payload)
@@ -121,7 +119,7 @@ class DecodeEndpoint(DecodeHandshake, DecodeLiveness, DecodeStaging):
             out = dict(self.counters)
             out.update(requests=len(self.recvs), dropped_sends=self.hub.dropped,
                        handler_errors=self.hub.handler_errors,
-                       max_stall_ms=round(self.max_stall_s * 1e3),
+                       max_stall_ms=round(self.liveness.max_stall_s * 1e3),
                        transport=self.transport.describe())
             return out
 
@@ -150,7 +148,7 @@ class DecodeEndpoint(DecodeHandshake, DecodeLiveness, DecodeStaging):
 
     def _fail(self, rv: _Recv, reason: str) -> None:
         """Fail a request and tell every source that may still write to stop."""
-        if rv.state in _TERMINAL:
+        if rv.state in TERMINAL:
             return
         rv.state, rv.reason = KVPoll.Failed, reason
         self.counters["failed"] += 1
@@ -169,13 +167,8 @@ class DecodeEndpoint(DecodeHandshake, DecodeLiveness, DecodeStaging):
             self.counters["aborts_sent"] += len(loud)
 
     def _page_state(self, rv: _Recv) -> PageState:
-        if rv.state not in _TERMINAL:
-            return PageState.IN_USE
-        if rv.quarantined:
-            return PageState.QUARANTINED
-        if rv.state == KVPoll.Success or not rv.requested or rv.quiet >= rv.expected:
-            return PageState.REUSABLE
-        return PageState.PENDING
+        return page_state(rv.state, requested=rv.requested, quarantined=rv.quarantined,
+                          quiet=rv.quiet, expected=rv.expected)
 
     def _quarantine(self, rv: _Recv) -> None:
         if not rv.quarantined:
@@ -228,7 +221,7 @@ class DecodeEndpoint(DecodeHandshake, DecodeLiveness, DecodeStaging):
                     self.reg_state[name] = (KVPoll.Failed, f"cannot read its reply: {e}")
             return
         with self.lock:
-            self.last_heard[name] = time.monotonic()
+            self.liveness.heard(name, time.monotonic())
             if isinstance(msg, W.Status):
                 self._on_status(name, msg)
             elif isinstance(msg, W.AbortAck):
@@ -240,7 +233,7 @@ class DecodeEndpoint(DecodeHandshake, DecodeLiveness, DecodeStaging):
                     rv.quiet.add(name)
                 else:
                     rv.loud.add(name)
-                    if rv.state in _TERMINAL:
+                    if rv.state in TERMINAL:
                         self._quarantine(rv)
 
     def _on_status(self, name: str, msg) -> None:
@@ -263,15 +256,15 @@ class DecodeEndpoint(DecodeHandshake, DecodeLiveness, DecodeStaging):
             rv.succeeded[name] = msg
             rv.quiet.add(name)
             rv.bytes += msg.bytes_written
-            if rv.state not in _TERMINAL and rv.succeeded.keys() >= rv.expected:
+            if rv.state not in TERMINAL and rv.succeeded.keys() >= rv.expected:
                 self._complete(rv)
         elif msg.state == KVPoll.Failed:
             rv.quiet.add(name)  # sent only once its writes drained (Note [Failure semantics])
             self._fail(rv, f"{name}: {msg.reason}")
             if rv.loud:
                 self._quarantine(rv)
-        elif rv.state < msg.state and rv.state not in _TERMINAL:
-            rv.state = KVPoll(msg.state)
+        else:
+            rv.state = advanced(rv.state, KVPoll(msg.state))  # Note [Request states]
 
 
 class DecodeReceiver:
@@ -300,7 +293,7 @@ class DecodeReceiver:
         items = staging.request_items(ep.layout, target, ep.page_size)
         with ep.lock:
             rv = self._rv
-            if rv.requested or rv.state in _TERMINAL:
+            if rv.requested or rv.state in TERMINAL:
                 raise ValueError(f"room {self.room}: init() after the request started or ended")
             rv.target = target
             rv.requested = True

@@ -17,12 +17,12 @@ from ..indices import (
 from ..layout_types import FamilyLayout
 from ..plan_types import RankId
 from .common import (
-    _TERMINAL,
     REG_ROOM,
     KVPoll,
     _peer_name,
 )
 from .records import _Peer
+from .states import TERMINAL
 
 
 def _check_target(layout: FamilyLayout, remote: dict, t: DecodeTarget) -> str:
@@ -122,12 +122,15 @@ class PrefillHandshake:
                 self.by_identity.pop(old.identity, None)
                 for r in self.rooms.values():
                     if any(t.peer is old for t in r.targets.values()) or (
-                            msg.rank not in r.targets and r.state not in _TERMINAL and
+                            msg.rank not in r.targets and r.state not in TERMINAL and
                             self._decode_group(r) == msg.dp_group):
                         r.fail(f"decode rank {name} registered again (restarted); requests of "
                                "its previous incarnation fail")
+            if old is not None:
+                self.liveness.forget(old)
             self.peers[key] = new
             self.by_identity[identity] = new
+            self.liveness.add(new, time.monotonic())
         self.counters["registrations"] += 1
         self._reply(identity, self._status(REG_ROOM, 0, KVPoll.WaitingForInput))
 
@@ -178,7 +181,7 @@ class DecodeHandshake:
                     with self.lock:
                         self.addresses[name] = addr
                         self.reg_state[name] = (KVPoll.Bootstrapping, "")
-                        self.last_heard[name] = time.monotonic()  # a new peer: fresh window
+                        self.liveness.add(name, time.monotonic())  # a new peer: fresh window
                         self.counters["reconnects"] += 1
                     self.hub.connect(name, addr)
                 self.hub.send(name, self._reg_payload)

@@ -1,5 +1,7 @@
 """Peer liveness: heartbeats, silent peers, and this process's own stalls (the control thread's
-timer, `Hub(on_tick=...)`)."""
+timer, `Hub(on_tick=...)`). `Liveness` is the one model of both sides (Note [Peer liveness]);
+the mixins below act on what it finds.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +11,59 @@ import time
 from .. import knobs
 from .. import wire as W
 from .common import (
-    _TERMINAL,
     KVPoll,
     PageState,
 )
+from .states import TERMINAL
+
+
+class Liveness:
+    """Note [Peer liveness]: one model for both sides, pure (the caller passes the time and
+    holds its lock). A peer is heard whenever any message of it arrives; one silent for more
+    than `dead_after` seconds is dead until it is heard again. A gap between two ticks longer
+    than that means this process itself did not run (stopped or starved): it could not hear
+    anyone, which says nothing about the peers, so every peer gets a fresh window instead.
+    Keys are whatever names a peer on that side: prefill's are the registered incarnations of
+    decode ranks (a restarted rank is another key), decode's the prefill ranks' names."""
+
+    def __init__(self) -> None:
+        self.last_heard: dict = {}  # peer -> monotonic time it was last heard
+        self.dead: set = set()  # peers silent for longer than dead_after at the last tick
+        self.last_tick = 0.0
+        self.max_stall_s = 0.0  # longest gap between two ticks
+
+    def add(self, peer, now: float) -> None:
+        """A new peer (or a new address of one): heard now, a fresh window."""
+        self.last_heard[peer] = now
+        self.dead.discard(peer)
+
+    def forget(self, peer) -> None:
+        self.last_heard.pop(peer, None)
+        self.dead.discard(peer)
+
+    def heard(self, peer, now: float) -> bool:
+        """A message of `peer` arrived; returns whether it had been dead (it revived)."""
+        if peer not in self.last_heard:
+            return False
+        self.last_heard[peer] = now
+        if peer in self.dead:
+            self.dead.discard(peer)
+            return True
+        return False
+
+    def tick(self, now: float, dead_after: float) -> tuple[bool, list]:
+        """(whether this process stalled since the last tick, the peers that died now)."""
+        gap = now - self.last_tick if self.last_tick else 0.0
+        self.max_stall_s = max(self.max_stall_s, gap)
+        stalled = gap > dead_after
+        self.last_tick = now
+        if stalled:
+            for peer in self.last_heard:
+                self.last_heard[peer] = now
+        died = [p for p, t in self.last_heard.items()
+                if p not in self.dead and now - t > dead_after]
+        self.dead.update(died)
+        return stalled, died
 
 
 class PrefillLiveness:
@@ -31,21 +82,11 @@ class PrefillLiveness:
                 self.hub.send(p.identity, hb)
         dead_after = knobs.get("peer_dead_after_s")
         with self.lock:
-            gap = now - self._last_tick if self._last_tick else 0.0
-            self.max_stall_s = max(self.max_stall_s, gap)
-            stalled = gap > dead_after
-            self._last_tick = now
-            for p in self.peers.values():
-                if stalled:
-                    # This process did not run for a while (stopped or starved): silence it
-                    # could not hear says nothing about the peers. Give them a fresh window.
-                    p.last_heard = max(p.last_heard, now)
-                if p.dead or now - p.last_heard <= dead_after:
-                    continue
-                p.dead = True
+            _, died = self.liveness.tick(now, dead_after)
+            for p in died:
                 self.counters["peers_dead"] += 1
                 for r in self.rooms.values():
-                    if p.rank in self.links and r.state not in _TERMINAL and \
+                    if p.rank in self.links and r.state not in TERMINAL and \
                             self._decode_group(r) == p.dp:
                         r.fail(f"decode peer {p.name} silent for {dead_after} s")
 
@@ -66,9 +107,8 @@ class DecodeLiveness:
                 self.hub.send(name, hb)
         dead_after = knobs.get("peer_dead_after_s")
         with self.lock:
-            if self._last_tick:
-                self.max_stall_s = max(self.max_stall_s, now - self._last_tick)
-            if self._last_tick and now - self._last_tick > dead_after:
+            stalled, _ = self.liveness.tick(now, dead_after)
+            if stalled:
                 # Note [Frozen decode]: this process was stopped (or starved) for longer than
                 # a peer may be silent. The transport may still hold writes that peers gave
                 # up on meanwhile and that land as soon as it runs again, so pages of requests
@@ -79,10 +119,7 @@ class DecodeLiveness:
                         rv.suspect = True
                         if rv.state == KVPoll.Failed:
                             self._quarantine(rv)
-                for n in self.last_heard:  # what it could not hear says nothing of the peers
-                    self.last_heard[n] = now
-            self._last_tick = now
-            dead = {n for n, t in self.last_heard.items() if now - t > dead_after}
+            dead = set(self.liveness.dead)  # silent now (Note [Peer liveness])
             for rv in self.recvs.values():
                 if rv.state == KVPoll.Failed:
                     if rv.requested and not rv.quarantined and now > rv.abort_deadline and \

@@ -26,11 +26,12 @@ from .common import (
 )
 from .faults import NO_FAULTS, Faults
 from .handshake import PrefillHandshake
-from .liveness import PrefillLiveness
+from .liveness import Liveness, PrefillLiveness
 from .prefill_control import PrefillControl
 from .prefill_worker import PrefillWorker
 from .records import _Chunk, _Final, _Peer, _Room
 from .staged import PrefillStaging, _deregister_arena, _launches, _staging_arena
+from .states import sender_poll
 
 
 class PrefillEndpoint(PrefillHandshake, PrefillControl, PrefillLiveness, PrefillWorker,
@@ -87,8 +88,7 @@ class PrefillEndpoint(PrefillHandshake, PrefillControl, PrefillLiveness, Prefill
         self.wake = threading.Event()  # set when the worker may have new work
         self._hb_seq = 0
         self._last_hb = 0.0
-        self._last_tick = 0.0
-        self.max_stall_s = 0.0  # longest gap between two timer runs of the control thread
+        self.liveness = Liveness()  # of self.peers' incarnations (Note [Peer liveness])
         # Last: the hub thread starts handling messages and timers at once.
         self.hub = Hub(self._on_message, bind=True, on_tick=self._tick)
         p = plan.topology.prefill
@@ -211,7 +211,7 @@ class PrefillEndpoint(PrefillHandshake, PrefillControl, PrefillLiveness, Prefill
             out.update(rooms=len(self.rooms), finished=len(self.finished),
                        peers=len(self.peers), engine_peers=len(self.engine_peers),
                        dropped_sends=self.hub.dropped, handler_errors=self.hub.handler_errors,
-                       max_stall_ms=round(self.max_stall_s * 1e3),
+                       max_stall_ms=round(self.liveness.max_stall_s * 1e3),
                        transport=self.transport.describe())
             return out
 
@@ -276,10 +276,8 @@ class PrefillSender:
         source pages as soon as it sees Success or Failed."""
         with self.ep.lock:
             r = self._r
-            if r.state == KVPoll.Failed and not r.retired:
-                return KVPoll.Transferring if r.inflight or r.stats.batches else \
-                    KVPoll.WaitingForInput
-            return r.state
+            return sender_poll(r.state, retired=r.retired, in_flight=bool(r.inflight),
+                               issued=bool(r.stats.batches))
 
     @property
     def stats(self) -> RequestStats:

@@ -13,13 +13,13 @@ from ..indices import (
 )
 from ..plan_types import dp_group_of_room
 from .common import (
-    _TERMINAL,
     REG_ROOM,
     KVPoll,
     _clip,
 )
 from .handshake import _check_target
 from .records import _Final, _Peer, _Room, _Target
+from .states import TERMINAL, advanced
 
 
 class PrefillControl:
@@ -51,11 +51,8 @@ class PrefillControl:
             self._reject(identity, "malformed", f"malformed message: {e}")
             return
         peer = self.by_identity.get(identity)
-        if peer is not None:
-            peer.last_heard = time.monotonic()
-            if peer.dead:
-                peer.dead = False
-                self.counters["peers_revived"] += 1
+        if peer is not None and self.liveness.heard(peer, time.monotonic()):
+            self.counters["peers_revived"] += 1
         if isinstance(msg, W.Register):
             self._on_register(identity, msg)
         elif isinstance(msg, W.TransferRequest):
@@ -152,8 +149,7 @@ class PrefillControl:
             r.targets[rank] = _Target(target, peer, identity, staged)
             if len(r.targets) == len(self.links):
                 r.t_requested = time.monotonic()
-            if r.state < KVPoll.WaitingForInput:
-                r.state = KVPoll.WaitingForInput
+            r.state = advanced(r.state, KVPoll.WaitingForInput)
 
     def _answer_retired(self, identity: bytes, room: int, gen: int, fin: _Final) -> None:
         """A request for a use that already ended (caller holds the lock)."""
@@ -201,7 +197,7 @@ class PrefillControl:
                 self._reject(identity, "abort", f"abort refused: {other}")
                 return
             r.aborted_by[rank] = (identity, gen)
-            if r.stats.batches and r.state not in _TERMINAL:
+            if r.stats.batches and r.state not in TERMINAL:
                 self.counters["aborts_mid_transfer"] += 1
                 if r.inflight:
                     self.counters["aborts_with_writes_in_flight"] += 1

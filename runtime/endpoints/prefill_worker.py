@@ -20,10 +20,10 @@ from ..indices import (
 from ..metrics import TransferRecord, emit
 from ..plan_types import RankId
 from .common import (
-    _TERMINAL,
     KVPoll,
 )
 from .records import _Chunk, _Final, _Peer, _Room, _Target
+from .states import TERMINAL, advanced
 
 
 class PrefillWorker:
@@ -82,7 +82,7 @@ class PrefillWorker:
             self._poll_inflight(r)
         now = time.monotonic()
         with self.lock:
-            if r.state not in _TERMINAL and now - r.created > knobs.get("prefill_room_timeout_s"):
+            if r.state not in TERMINAL and now - r.created > knobs.get("prefill_room_timeout_s"):
                 r.fail(self._timeout_reason(r))
             state = r.state
             peers = self._peers_of(r)
@@ -147,8 +147,7 @@ class PrefillWorker:
             progressed = True
         if r.inflight:
             with self.lock:
-                if r.state < KVPoll.Transferring:
-                    r.state = KVPoll.Transferring
+                r.state = advanced(r.state, KVPoll.Transferring)
             return True
         if r.last_seen and all(c.sent_all for c in r.chunks):
             self._finish_success(r)

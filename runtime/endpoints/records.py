@@ -13,10 +13,10 @@ from ..indices import (
 )
 from ..plan_types import RankId
 from .common import (
-    _TERMINAL,
     KVPoll,
     RequestStats,
 )
+from .states import TERMINAL
 
 
 @dataclass
@@ -49,8 +49,6 @@ class _Peer:
         self.remote = remote  # component -> [RemoteBuffer]
         self.dp = dp
         self.rank = rank
-        self.last_heard = time.monotonic()
-        self.dead = False
         self.rooms_created = 0  # live rooms its requests created (max_pending_rooms_per_peer)
 
 
@@ -103,7 +101,7 @@ class _Room:
 
     def fail(self, reason: str) -> bool:
         """Failed, unless already terminal; returns whether it changed."""
-        if self.state in _TERMINAL:
+        if self.state in TERMINAL:
             return False
         self.state, self.reason, self.failed_at = KVPoll.Failed, reason, time.monotonic()
         return True

@@ -195,9 +195,6 @@ class LocalDeviceEngine(TransferEngine):
             self._peers[peer] = _DevicePeer(engine, device, ranges)
         return peer
 
-    def peer_device(self, peer: str):
-        return self._peer(peer).device
-
     def _peer(self, peer: str) -> _DevicePeer:
         target = self._peers.get(peer)
         if target is None:
