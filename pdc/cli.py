@@ -575,8 +575,9 @@ def _parity_arg_problem(args) -> tuple[str, str] | None:
     """(message, hint) of the first argument `pdc parity` refuses, before any process."""
     from pdc.compiler.topology import parse_side_arg
 
+    chunk = 1 if args.chunk is None else args.chunk  # None: two pages, the spec's page size
     bad = _range_problem((("--tokens", args.tokens, 1, 4096), ("--steps", args.steps, 2, 1000),
-                          ("--chunk", args.chunk, 1, 4096), ("--threads", args.threads, 1, 64)))
+                          ("--chunk", chunk, 1, 4096), ("--threads", args.threads, 1, 64)))
     if bad:
         return bad
     if not args.timeout > 0 or args.timeout > 3600:
@@ -587,10 +588,11 @@ def _parity_arg_problem(args) -> tuple[str, str] | None:
     if e1 or e2:
         d = (e1 + e2)[0]
         return f"{d.loc}: {d.message}", d.hint
-    for flag, text in (("--prefill", args.prefill), ("--decode", args.decode)):
-        if parse_side_arg(text, flag)[0].get("dp", 1) != 1:
-            return (f"{flag} {text}: pdc parity runs one request, so one DP group",
-                    "use dp=1 (or leave dp out)")
+    # One request: one prefill DP group. A decode dp > 1 runs it on one group with the
+    # others idle, for a model that pads DP batches (pdc.parity.prepare says which).
+    if parse_side_arg(args.prefill, "--prefill")[0].get("dp", 1) != 1:
+        return (f"--prefill {args.prefill}: pdc parity runs one request, so one prefill DP "
+                "group", "use dp=1 on the prefill side (or leave dp out)")
     if n_p + n_d > MAX_DEMO_PROCESSES:
         return (f"--prefill and --decode need {n_p + n_d} rank processes, more than "
                 f"{MAX_DEMO_PROCESSES}", "use smaller tp or pp")
@@ -693,8 +695,9 @@ def cmd_sglang_demo(args: argparse.Namespace) -> int:
     arg("--dtype", default=None, choices=["float32", "bfloat16"],
         help="model dtype (default: the spec's `dtypes` model entry)"),
     arg("--tokens", type=int, default=20, metavar="N", help="prompt length (default: 20)"),
-    arg("--chunk", type=int, default=8, metavar="N",
-        help="tokens per chunked-prefill chunk, a multiple of the page size (default: 8)"),
+    arg("--chunk", type=int, default=None, metavar="N",
+        help="tokens per chunked-prefill chunk, a multiple of the page size (default: two "
+             "pages)"),
     arg("--steps", type=int, default=10, metavar="N",
         help="tokens to generate; step 0 comes from the prefill (default: 10)"),
     arg("--seed", type=int, default=0, help="seed of the prompt and of the page assignment"),

@@ -49,6 +49,7 @@ class Binding:
     # Param overrides the toy runs under by default: the spec's own sizes, scaled down
     # (`pdc parity --param NAME=VALUE` overrides them in turn).
     params: tuple[tuple[str, int], ...] = ()
+    dp_attention: bool = False  # the model pads a decode DP batch (decode dp > 1 allowed)
 
     @property
     def model_name(self) -> str:
@@ -83,6 +84,15 @@ BINDINGS: dict[str, Binding] = {
                 ("lin_k_heads", 2), ("lin_v_heads", 4), ("head_k_dim", 8), ("head_v_dim", 8),
                 ("qsa_compress_ratio", 4), ("rope_dim", 8), ("ple_dim", 16),
                 ("ngram_context", 4), ("hidden_size", 32))),
+    "glm52": Binding(
+        "seed_glm52",
+        tuple((c, "data", c) for c in (
+            "mla_kv", "draft_mla_kv", "dsa_index_k", "aux_first_token", "aux_draft_hidden",
+            "aux_dsa_topk")),
+        model="verify:seed_glm52",
+        params=(("num_layers", 4), ("kv_lora_rank", 16), ("qk_rope_head_dim", 8),
+                ("index_head_dim", 16), ("index_topk", 8), ("hidden_size", 32)),
+        dp_attention=True),
 }
 
 # hf_state tensor kind each index kind carries.

@@ -1,7 +1,8 @@
 """`pdc parity`: real transformers models through pdc, tokens and logits bit for bit.
 
 One run (a *case*) is one family, one topology, one engine and one dtype; see
-docs/parity.md for the design. In short:
+docs/parity.md for the design. The model is a transformers one for the hf-* specs and a toy
+of pdc.verify for the seed systems (Note [Parity models]); the harness is the same. In short:
 
 - The parent (the CLI, or a test) loads the spec, lowers the plan, allocates the request's
   page / slot / window ids at random, and checks that the spec fits what the tiny model's
@@ -62,6 +63,7 @@ from .ranks import (
     open_endpoint,
     send_chunk,
 )
+from .runtime.plan_types import dp_group_of_room
 
 DTYPES = ("float32", "bfloat16")
 ROOM = 1001  # odd: allocate() gives it shuffled (fragmented) pages
@@ -97,17 +99,20 @@ class Case:
     ids: dict  # side -> the request's pool ids (pdc.ranks.allocate)
     pages: int
     slots: int
-    roles: tuple  # per worker index: (side, pp, tp) of the rank it plays
+    roles: tuple  # per worker index: (side, pp, tp, dp group) of the rank it plays
     model_worker: int
     timeout_s: float
     describe: str = ""  # the topology, for messages
     fingerprint: int = 0  # of the spec as evaluated, when `layout` is shipped
+    params: tuple[tuple[str, int], ...] = ()  # the spec's evaluated params (the toys' sizes)
+    decode_group: int = 0  # the request's decode DP group; the other groups' ranks idle
 
 
 @dataclass
 class Outcome:
     prefill: dict = field(default_factory=dict)  # (pp, tp) -> result dict
-    decode: dict = field(default_factory=dict)
+    decode: dict = field(default_factory=dict)  # (pp, tp) of the request's DP group
+    idle: dict = field(default_factory=dict)  # (dp group, pp, tp) of the idle decode ranks
     model: dict | None = None
     wall_s: float = 0.0
 
@@ -142,14 +147,14 @@ class _Worker:
         self.engines: dict = {}
         self.models: dict = {}
 
-    def model(self, binding: Binding, layout, dtype: str):
+    def model(self, binding: Binding, layout, params: tuple, dtype: str):
         """The case's model (Note [Parity models] in pdc/verify), kept across cases."""
         from pdc.verify import models
 
         name = binding.model_name
-        key = (name, dtype, layout if name.startswith("verify:") else None)
+        key = (name, dtype) + ((layout, params) if name.startswith("verify:") else ())
         if key not in self.models:
-            self.models[key] = models.build(name, layout, dtype)
+            self.models[key] = models.build(name, layout, dict(params), dtype)
         return self.models[key]
 
     def engine(self, name: str):
@@ -165,10 +170,10 @@ class _Worker:
 
     # ~~~ probe: what the model's cache exports ~~~
 
-    def probe(self, binding: Binding, layout, dtype: str, n_tokens: int) -> dict:
+    def probe(self, binding: Binding, layout, params: tuple, dtype: str, n_tokens: int) -> dict:
         import torch
 
-        model = self.model(binding, layout, dtype)
+        model = self.model(binding, layout, params, dtype)
         prompt = torch.full((n_tokens,), 3, dtype=torch.long)
         *_, (cache, _) = model.chunked_prefill(prompt, [(0, n_tokens)])
         rows = model.describe_state(model.export_state(cache))
@@ -182,7 +187,10 @@ class _Worker:
         from pdc.runtime.pools import Capacity, RankPools
 
         knobs.override(transfer_timeout_s=case.timeout_s)
-        side, pp, tp = case.roles[self.index]
+        side, pp, tp, group = case.roles[self.index]
+        # A decode rank of another DP group than the request's: it registers and connects
+        # like the others, then must see none of its bytes written (DP attention's idle rank).
+        idle = side == ROLE_DECODE and group != case.decode_group
         if case.layout is not None:
             # Overrides that change layer ids or components (a scaled toy) need wire
             # bindings of their own: the runtime Family of the shipped layout has them.
@@ -204,28 +212,33 @@ class _Worker:
         cap = Capacity(pages=case.pages, slots=case.slots, aux_rows=case.slots,
                        window_pages=case.pages)
         pools = RankPools(layout, plan.registration(side, rank), cap)
-        ep = None
+        ep, report = None, None
         try:
-            ep = open_endpoint(side, layout, wire, plan, rank, 0, engine, pools, address)
+            ep = open_endpoint(side, layout, wire, plan, rank, group, engine, pools, address)
+            if idle:
+                pools.arena[:] = POISON
             res_q.put(("ready", case.job, self.index))
             _expect(cmd_q, "go", case.job)
             if side == ROLE_PREFILL:
                 res_q.put(("prefilled", case.job, (pp, tp),
                            self.prefill(case, layout, plan, rank, ep, pools)))
-            else:
+            elif not idle:
                 res_q.put(("decoded", case.job, (pp, tp),
                            self.decode(case, layout, plan, rank, ep, pools)))
             if self.index == case.model_worker:
                 first = _expect(cmd_q, "model", case.job)
                 res_q.put(("model", case.job, self.decode_model(case, layout, plan, first)))
             _expect(cmd_q, "end", case.job)
+            if idle:  # every transfer of the case is over by now
+                report = {"written": int((pools.arena != POISON).sum()),
+                          "bytes": int(pools.arena.size)}
         finally:
             if ep is not None:
                 ep.close()
                 engine.deregister(pools.base)
             if boot is not None:
                 boot.close()
-        res_q.put(("ended", case.job, self.index))
+        res_q.put(("ended", case.job, self.index, report))
 
     def prefill(self, case: Case, layout, plan, rank, ep, pools) -> dict:
         import torch
@@ -234,7 +247,7 @@ class _Worker:
         from pdc.runtime.endpoints import KVPoll
         from pdc.runtime.labels import project
 
-        model = self.model(case.binding, layout, case.dtype)
+        model = self.model(case.binding, layout, case.params, case.dtype)
         ids = case.ids[ROLE_PREFILL]
         side = plan.topology.prefill
         page_size = side.page_size
@@ -338,10 +351,11 @@ class _Worker:
                 elif not np.array_equal(got, full):
                     disagree.append([comp.name, tensor, layer_id, f"pp{s}"])
             state[key] = from_items(comp, full, seq_len, page_size)
-        model = self.model(case.binding, layout, case.dtype)
+        model = self.model(case.binding, layout, case.params, case.dtype)
         cache = model.import_state(state, seq_len)
         flags = model.export_flags(cache)
-        tokens, logits = model.greedy_decode(cache, first["first_token"], case.steps - 1)
+        tokens, logits = model.greedy_decode(cache, first["first_token"], case.steps - 1,
+                                             (D.dp, case.decode_group))
         out.update(state=H.state_to_bytes(state), flags=flags, disagree=disagree,
                    tokens=tokens.tolist(), logits=_tensor_bytes(logits))
         return out
@@ -354,7 +368,7 @@ class _Worker:
         from pdc import hf_state as H
         from pdc.verify import models
 
-        model = models.build(case.binding.model_name, layout, case.dtype)
+        model = models.build(case.binding.model_name, layout, dict(case.params), case.dtype)
         chunks = chunk_plan(len(case.prompt), case.chunk_tokens, plan.topology.prefill.page_size)
         prompt = torch.tensor(case.prompt, dtype=torch.long)
         *_, (cache, logits0) = model.chunked_prefill(
@@ -453,13 +467,14 @@ class ParityWorkers:
             raise RankCrash(f"expected {kind!r}, a worker sent {msg[:2]!r}")
         return msg
 
-    def probe(self, binding: Binding, layout, dtype: str, n_tokens: int) -> dict:
-        key = (binding.model_name, layout, dtype, n_tokens)
+    def probe(self, binding: Binding, layout, params: tuple, dtype: str, n_tokens: int) -> dict:
+        key = (binding.model_name, layout, params, dtype, n_tokens)
         if key not in self._probes:
             try:
                 self.ensure(1)
                 self.jobs += 1
-                self.procs.put(0, ("probe", self.jobs, (binding, layout, dtype, n_tokens)))
+                self.procs.put(0, ("probe", self.jobs, (binding, layout, params, dtype,
+                                                        n_tokens)))
                 self._probes[key] = self._get("probed", 180.0, self.jobs)[2]
             except (RankCrash, queue.Empty) as e:
                 self._broke(e)
@@ -489,7 +504,9 @@ class ParityWorkers:
             for i in involved:
                 self.procs.put(i, ("go", case.job))
             n_p = sum(1 for r in case.roles if r[0] == ROLE_PREFILL)
-            while len(out.prefill) + len(out.decode) < len(involved):
+            active = sum(1 for r in case.roles
+                         if r[0] == ROLE_PREFILL or r[3] == case.decode_group)
+            while len(out.prefill) + len(out.decode) < active:
                 msg = self.procs.get(timeout=wait)
                 if msg[0] not in ("prefilled", "decoded") or msg[1] != case.job:
                     raise RankCrash(f"unexpected message {msg[:2]!r}")
@@ -505,7 +522,10 @@ class ParityWorkers:
             for i in involved:
                 self.procs.put(i, ("end", case.job))
             for _ in involved:
-                self._get("ended", wait, case.job)
+                msg = self._get("ended", wait, case.job)
+                if msg[3] is not None:
+                    _, pp, tp, group = case.roles[msg[2]]
+                    out.idle[(group, pp, tp)] = msg[3]
         except (RankCrash, queue.Empty) as e:
             self._broke(e)
         out.wall_s = time.monotonic() - t0
@@ -529,7 +549,7 @@ class ParityWorkers:
 
 
 def prepare(spec_path: str, prefill: str, decode: str, engine: str, dtype: str | None,
-            workers: ParityWorkers, *, tokens: int = 20, chunk_tokens: int = 8,
+            workers: ParityWorkers, *, tokens: int = 20, chunk_tokens: int | None = None,
             steps: int = 10, seed: int = 0, timeout_s: float = 30.0,
             drop: tuple[str, ...] = (), params: tuple[tuple[str, int], ...] = ()) -> Case:
     """Load, lower and check everything the parent can; raises ParityError."""
@@ -538,7 +558,7 @@ def prepare(spec_path: str, prefill: str, decode: str, engine: str, dtype: str |
     from pdc.compiler.frontend import load_spec
     from pdc.compiler.topology import parse_side_arg
 
-    if tokens < 1 or chunk_tokens < 1:
+    if tokens < 1 or (chunk_tokens is not None and chunk_tokens < 1):
         raise ParityError("--tokens and --chunk must be at least 1")
     if steps < 2:
         raise ParityError("--steps must be at least 2: step 0 is the prefill's last position, "
@@ -550,9 +570,9 @@ def prepare(spec_path: str, prefill: str, decode: str, engine: str, dtype: str |
     try:
         if errs:
             raise SpecErrors(errs)
-        for s, _ in sides:
-            if s.get("dp", 1) != 1:
-                raise ParityError("pdc parity runs one request: use dp=1 on both sides")
+        if sides[0][0].get("dp", 1) != 1:
+            raise ParityError("pdc parity runs one request: use dp=1 on the prefill side "
+                              "(decode dp > 1 runs it on one DP group, the others idle)")
         page = sides[0][0].get("page_size") or sides[1][0].get("page_size")
         spec = load_spec(spec_path)
         binding = BINDINGS.get(spec.family)
@@ -586,6 +606,11 @@ def prepare(spec_path: str, prefill: str, decode: str, engine: str, dtype: str |
         raise ParityError(f"the model dtype {model_dtype} is not one pdc parity runs "
                           f"({', '.join(DTYPES)})")
     page_size = topo.prefill.page_size
+    if topo.decode.dp > 1 and not binding.dp_attention:
+        raise ParityError(f"decode dp={topo.decode.dp} needs a model with DP attention "
+                          f"padding; the {binding.hf_family} model has none (use dp=1)")
+    if chunk_tokens is None:
+        chunk_tokens = 2 * page_size
     if chunk_tokens % page_size:
         raise ParityError(f"--chunk {chunk_tokens} is not a multiple of the page size "
                           f"{page_size}: chunks end on page boundaries")
@@ -605,7 +630,8 @@ def prepare(spec_path: str, prefill: str, decode: str, engine: str, dtype: str |
     missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
     if missing:
         raise ParityError(f"{' and '.join(missing)} not installed: pip install -e '.[kernels,hf]'")
-    probe = workers.probe(binding, layout, model_dtype, tokens)
+    env = tuple(sorted(spec.env.items()))
+    probe = workers.probe(binding, layout, env, model_dtype, tokens)
     problems = check_binding(layout, binding, probe["rows"], tokens, page_size)
     if problems:
         raise ParityError(f"{spec_path} does not fit the {binding.hf_family} model's cache "
@@ -616,14 +642,17 @@ def prepare(spec_path: str, prefill: str, decode: str, engine: str, dtype: str |
     n_pages = -(-tokens // page_size)
     pages, slots = 4 * n_pages, 4
     allocate(plan, layout, [req], rng, pages, slots)
-    roles = [(ROLE_PREFILL, r.pp, r.tp) for r in topo.prefill.ranks()]
+    group = dp_group_of_room(ROOM, topo.decode.dp)
+    roles = [(ROLE_PREFILL, r.pp, r.tp, 0) for r in topo.prefill.ranks()]
     model_worker = len(roles)
-    roles += [(ROLE_DECODE, r.pp, r.tp) for r in topo.decode.ranks()]
+    roles += [(ROLE_DECODE, r.pp, r.tp, group) for r in topo.decode.ranks()]
+    roles += [(ROLE_DECODE, r.pp, r.tp, g) for g in range(topo.decode.dp) if g != group
+              for r in topo.decode.ranks()]
     workers.jobs += 1
     return Case(workers.jobs, spec.family, spec.py_name, binding, model_dtype, engine,
                 plan.to_json(), None if same else layout, prompt, chunk_tokens, steps,
                 req.ids, pages, slots, tuple(roles), model_worker, timeout_s,
-                topo.describe(), family.fingerprint)
+                topo.describe(), family.fingerprint, env, group)
 
 
 def _drop(plan, names: set[str]):
@@ -651,7 +680,7 @@ def parse_state(buf: bytes) -> dict[str, tuple[str, tuple[int, ...], np.ndarray]
     return out
 
 
-_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4}
+_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "uint8": 1}
 
 
 def _floats(dtype: str, raw: np.ndarray) -> np.ndarray:
@@ -719,6 +748,11 @@ def judge(case: Case, out: Outcome) -> Verdict:
     for comp, tensor, layer_id, t in model["disagree"]:
         diffs.append(f"layer {layer_id} component {comp} tensor {tensor}: decode {t}'s copy "
                      "of a replicated unit differs from a lower rank's copy")
+    for (g, pp, tp), r in sorted(out.idle.items()):
+        if r["written"]:
+            diffs.append(f"idle decode rank dp{g}.pp{pp}.tp{tp}: {r['written']} of its "
+                         f"{r['bytes']} pool bytes were written (the request is on DP group "
+                         f"{case.decode_group})")
     flags_ok = model["flags"] == leader["flags"]
     moved = sum(r["bytes"] for r in out.decode.values())
     lines.append(f"state    {len(exported)} tensors, {moved} bytes received by "
@@ -727,6 +761,12 @@ def judge(case: Case, out: Outcome) -> Verdict:
                     f"{len(diffs)} differ from the prefill export")
                  + ("" if flags_ok else f"; flags differ: rebuilt {model['flags']}, prefill "
                     f"{leader['flags']}"))
+    if out.idle:
+        groups = sorted({g for g, _, _ in out.idle})
+        lines.append(f"dp       the request on decode DP group {case.decode_group}, padded with "
+                     f"idle group(s) {', '.join(map(str, groups))} whose pools "
+                     + ("stayed untouched" if not any(r["written"] for r in out.idle.values())
+                        else "were written"))
     lines += [f"  differs: {d}" for d in diffs]
     if first is None and same_dtype and not diffs and flags_ok:
         lines.append(f"parity   OK: tokens and logits of all {steps} steps bitwise equal to "

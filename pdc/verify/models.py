@@ -26,9 +26,11 @@ class ParityModel(Protocol):
     def import_state(self, state: dict, seq_len: int):
         """A cache holding `state` after `seq_len` tokens, ready to decode."""
 
-    def greedy_decode(self, cache, first_token: int, steps: int):
+    def greedy_decode(self, cache, first_token: int, steps: int, dp=(1, 0)):
         """(tokens [steps], logits [steps, row]) of `steps` greedy steps. hf models feed
-        `first_token`; the seed toys read it from their transferred aux row instead."""
+        `first_token`; the seed toys read it from their transferred aux row instead.
+        `dp` = (DP ranks, the request's rank): a model with `dp_padding` runs each step as
+        a batch padded with one idle row per other DP rank and trims it to the request."""
 
     def token_of(self, logits) -> int: ...
 
@@ -37,6 +39,8 @@ class ParityModel(Protocol):
 
 class HfModel:
     """A pdc.hf_state family behind the ParityModel interface."""
+
+    dp_padding = False
 
     def __init__(self, family: str, dtype: str, seed: int = 0):
         import torch
@@ -59,7 +63,7 @@ class HfModel:
     def import_state(self, state: dict, seq_len: int):
         return self.H.import_state(self.family, self.model, state, seq_len)
 
-    def greedy_decode(self, cache, first_token: int, steps: int):
+    def greedy_decode(self, cache, first_token: int, steps: int, dp=(1, 0)):
         return self.H.greedy_decode(self.model, cache, first_token, steps)
 
     def token_of(self, logits) -> int:
@@ -69,12 +73,14 @@ class HfModel:
         return self.H.describe_state(self.family, self.model, state)
 
 
-def build(model: str, layout, dtype: str, seed: int = 0) -> ParityModel:
+def build(model: str, layout, params: dict[str, int], dtype: str,
+          seed: int = 0) -> ParityModel:
     """`model` is `hf:<pdc.hf_state family>` or `verify:<module of pdc.verify>`, whose
-    `build(layout, dtype, seed)` makes the toy from the family's (scaled) layout."""
+    `build(layout, params, dtype, seed)` makes the toy from the family's (scaled) layout and
+    the spec's evaluated params."""
     kind, _, name = model.partition(":")
     if kind == "hf":
         return HfModel(name, dtype, seed)
     if kind == "verify":
-        return importlib.import_module(f"pdc.verify.{name}").build(layout, dtype, seed)
+        return importlib.import_module(f"pdc.verify.{name}").build(layout, params, dtype, seed)
     raise ValueError(f"unknown parity model '{model}'")

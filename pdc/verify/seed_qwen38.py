@@ -33,7 +33,7 @@ PLE_ROWS = 257  # PLE embedding rows the n-gram hash picks from (toy)
 NGRAM_MULT = 1_000_003
 
 
-def build(layout, dtype: str, seed: int = 0) -> Qwen38Toy:
+def build(layout, params: dict[str, int], dtype: str, seed: int = 0) -> Qwen38Toy:
     return Qwen38Toy(layout, seed)
 
 
@@ -118,7 +118,7 @@ class Qwen38Toy(ToyModel):
 
     # ~~~ one token ~~~
 
-    def step(self, c: ToyCache, token: int) -> torch.Tensor:
+    def step(self, c: ToyCache, token: int, dp=(1, 0)) -> torch.Tensor:
         p = c.seq_len
         x = self.embed[token] + self._ple(c, token) @ self.ple_proj
         rope = rope_row(p, token, self.rope_dim)

@@ -93,14 +93,15 @@ def first_token(cache: ToyCache) -> int:
 
 class ToyModel:
     """The ParityModel half every toy shares; a toy supplies `new_cache`, `step` and
-    `describe`."""
+    `describe` (and sets `dp_padding` when its step pads a DP batch)."""
 
     vocab_size = VOCAB
+    dp_padding = False
 
     def new_cache(self) -> ToyCache:
         raise NotImplementedError
 
-    def step(self, cache: ToyCache, token: int) -> torch.Tensor:
+    def step(self, cache: ToyCache, token: int, dp=(1, 0)) -> torch.Tensor:
         raise NotImplementedError
 
     def chunked_prefill(self, prompt: torch.Tensor, bounds):
@@ -128,13 +129,15 @@ class ToyModel:
                            "or lacks them")
         return ToyCache({k: v.clone() for k, v in state.items()}, seq_len)
 
-    def greedy_decode(self, cache: ToyCache, first: int, steps: int):
+    def greedy_decode(self, cache: ToyCache, first: int, steps: int, dp=(1, 0)):
         del first  # decode reads the first token from its transferred aux row
+        if dp[0] > 1 and not self.dp_padding:
+            raise ValueError(f"{type(self).__name__} has no DP attention padding")
         tok = first_token(cache)
         tokens, rows = [], []
         with torch.no_grad():
             for _ in range(steps):
-                logits = self.step(cache, tok)
+                logits = self.step(cache, tok, dp)
                 tok = self.token_of(logits)
                 tokens.append(tok)
                 rows.append(logits)

@@ -2,7 +2,8 @@
 real engines, bit for bit.
 
 Each spec runs at the sizes its binding scales it to (pdc/hf_adapter.py BINDINGS: qwen38 with
-8 layers on 8-token pages, compress ratio 4), with prompts whose length is neither a multiple
+8 layers on 8-token pages, compress ratio 4, in 8-token chunks; glm52 with 4 layers on its
+64-token pages, top-k 8, in 64-token chunks), with prompts whose length is neither a multiple
 of the page size nor of the compress ratio. Tokens and logits (target and draft) of every step
 must equal single-process generation, every rebuilt state tensor the prefill's export. The
 negative controls drop each component of the spec in turn: parity must fail at the first
@@ -27,12 +28,16 @@ pytestmark = pytest.mark.engines
 
 SPECS = Path(__file__).resolve().parents[2] / "specs"
 QWEN38 = str(SPECS / "qwen38.yaml")
+GLM52 = str(SPECS / "glm52.yaml")
+CHUNK = {QWEN38: 8, GLM52: 64}
 OK = "parity   OK: tokens and logits of all 10 steps bitwise equal to single-process generation"
 QWEN38_COMPONENTS = ["kv", "qsa_compressed", "qsa_pending", "qsa_rope", "gdn_conv",
                      "gdn_temporal", "ple_short_conv", "ple_ngram", "aux_first_token",
                      "aux_draft_hidden"]
 QWEN38_REPLICATED = {"qsa_compressed", "qsa_pending", "qsa_rope", "ple_short_conv",
                      "ple_ngram", "aux_first_token", "aux_draft_hidden"}
+GLM52_COMPONENTS = ["mla_kv", "draft_mla_kv", "dsa_index_k", "aux_first_token",
+                    "aux_draft_hidden", "aux_dsa_topk"]  # all replicated
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +48,7 @@ def workers():
 
 
 def run_case(workers, spec, prefill, decode, engine, **options):
+    options.setdefault("chunk_tokens", CHUNK[spec])
     case = prepare(spec, prefill, decode, engine, None, workers, **options)
     outcome = workers.run(case)
     return case, outcome, judge(case, outcome)
@@ -57,12 +63,12 @@ def _check_ok(outcome, verdict, chunks):
     assert outcome.model["tokens"] == outcome.model["reference"]["tokens"][1:]
 
 
-def _replicated_writers(plan: Plan) -> dict[RankId, set[str]]:
+def _replicated_writers(plan: Plan, replicated) -> dict[RankId, set[str]]:
     """Prefill rank -> the replicated components it writes to some decode rank."""
     out: dict[RankId, set[str]] = {}
     for lk in plan.links:
         out.setdefault(lk.prefill, set()).update(
-            e.component for e in lk.entries if e.component in QWEN38_REPLICATED)
+            e.component for e in lk.entries if e.component in replicated)
     return out
 
 
@@ -71,7 +77,7 @@ def _replicated_writers(plan: Plan) -> dict[RankId, set[str]]:
 def test_qwen38_tp2_to_tp1_elects_one_writer_of_replicated_state(workers):
     case, outcome, verdict = run_case(workers, QWEN38, "tp=2", "tp=1", "mooncake", tokens=22)
     _check_ok(outcome, verdict, [8, 8, 6])
-    writers = _replicated_writers(Plan.from_json(case.plan_json))
+    writers = _replicated_writers(Plan.from_json(case.plan_json), QWEN38_REPLICATED)
     assert writers == {RankId(0, 0): QWEN38_REPLICATED, RankId(0, 1): set()}
 
 
@@ -134,6 +140,76 @@ def test_qwen38_dropping_a_component_fails_and_names_it(workers, component):
         f"component {component} " in verdict.lines[-1]
 
 
+# ~~~ glm52 ~~~
+
+@pytest.mark.parametrize("engine", ["mooncake", "nixl"])
+def test_glm52_tp2_to_tp1_elects_one_writer(workers, engine):
+    case, outcome, verdict = run_case(workers, GLM52, "tp=2", "tp=1", engine, tokens=100)
+    _check_ok(outcome, verdict, [64, 36])
+    # every component is replicated: prefill tp1 writes nothing and has no link at all
+    writers = _replicated_writers(Plan.from_json(case.plan_json), set(GLM52_COMPONENTS))
+    assert writers == {RankId(0, 0): set(GLM52_COMPONENTS)}
+    assert outcome.prefill[(0, 1)]["status"] == "Success"
+
+
+@pytest.mark.parametrize("engine", ["mooncake", "nixl"])
+def test_glm52_tp1_to_tp2_broadcasts(workers, engine):
+    case, outcome, verdict = run_case(workers, GLM52, "tp=1", "tp=2", engine, tokens=90)
+    _check_ok(outcome, verdict, [64, 26])
+    plan = Plan.from_json(case.plan_json)
+    assert [len(plan.links_to(RankId(0, t))) for t in (0, 1)] == [1, 1]
+
+
+@pytest.mark.parametrize("engine,prefill", [("mooncake", "tp=1"), ("nixl", "tp=2")])
+def test_glm52_dp_attention_on_decode(workers, engine, prefill):
+    """Decode dp=2 (DP attention, tp=1 per DP rank): the request (room 1001) lives on DP
+    group 1, whose rank receives it and decodes it in a batch padded with group 0's idle
+    row; group 0's rank registers and connects too, and none of its pool bytes is written."""
+    case, outcome, verdict = run_case(workers, GLM52, prefill, "tp=1,dp=2", engine,
+                                      tokens=101)
+    _check_ok(outcome, verdict, [64, 37])
+    assert case.decode_group == 1
+    assert list(outcome.decode) == [(0, 0)]
+    assert [(k, r["written"]) for k, r in outcome.idle.items()] == [((0, 0, 0), 0)]
+    assert ("dp       the request on decode DP group 1, padded with idle group(s) 0 whose "
+            "pools stayed untouched") in verdict.lines
+    # had a byte of the idle group's pools been written, the judge would fail the case
+    outcome.idle[(0, 0, 0)]["written"] = 5
+    bad = judge(case, outcome)
+    assert not bad.ok
+    assert ("  differs: idle decode rank dp0.pp0.tp0: 5 of its "
+            f"{outcome.idle[(0, 0, 0)]['bytes']} pool bytes were written (the request is on DP "
+            "group 1)") in bad.lines
+
+
+def test_glm52_pp2_prefill(workers):
+    """The aux rows are owned by the last stage (`stages: last`); stage 0 sends pages only."""
+    case, outcome, verdict = run_case(workers, GLM52, "tp=1,pp=2", "tp=1", "nixl", tokens=100)
+    _check_ok(outcome, verdict, [64, 36])
+    plan = Plan.from_json(case.plan_json)
+    assert plan.registration("prefill", RankId(0, 0)).entries("aux_dsa_topk") == ()
+    assert plan.registration("prefill", RankId(1, 0)).entries("aux_dsa_topk") == \
+        (("data", 0xFFFFFFFD),)
+
+
+@pytest.mark.parametrize("component", GLM52_COMPONENTS)
+def test_glm52_dropping_a_component_fails_and_names_it(workers, component):
+    _, _, verdict = run_case(workers, GLM52, "tp=1", "tp=1", "local", tokens=100,
+                             drop=(component,))
+    assert not verdict.ok
+    differs = [line for line in verdict.lines if line.startswith("  differs: ")]
+    assert differs and all(f"component {component} " in d for d in differs), differs
+    failed = next(line for line in verdict.lines if line.startswith("parity   "))
+    assert failed.startswith("parity   FAILED at step 1 (decode step 1): "), failed
+    assert f"component {component} " in verdict.lines[-1]
+
+
+def test_decode_dp_needs_a_model_that_pads(workers):
+    with pytest.raises(ParityError, match="decode dp=2 needs a model with DP attention "
+                                          "padding; the seed_qwen38 model has none"):
+        prepare(QWEN38, "tp=1", "tp=1,dp=2", "mooncake", None, workers, tokens=22)
+
+
 # ~~~ the command line ~~~
 
 def _cli(capsys, *argv):
@@ -143,19 +219,26 @@ def _cli(capsys, *argv):
     return rc, out, err
 
 
-def test_cli_qwen38_at_its_scaled_sizes(capsys):
-    rc, out, _ = _cli(capsys, QWEN38, "--tokens", "22", "--prefill", "tp=2",
-                      "--param", "num_layers=12")
+def test_cli_both_seed_specs_at_their_scaled_sizes(capsys):
+    """One call, one set of processes; --param num_layers=12 applies to both specs."""
+    rc, out, _ = _cli(capsys, QWEN38, GLM52, "--tokens", "101", "--chunk", "64",
+                      "--prefill", "tp=2", "--param", "num_layers=12")
     assert rc == 0, out
-    lines = out.splitlines()
-    assert lines[:3] == [  # within 100 columns: the topology on a line of its own
-        "pdc parity: qwen38 (seed_qwen38, float32)",
+    qwen, glm = (part.splitlines() for part in out.split("pdc parity: ")[1:])
+    assert qwen[:3] == [  # within 100 columns: the topology on a line of its own
+        "qwen38 (seed_qwen38, float32)",
         "  prefill tp=2,pp=1,dp=1,page_size=8 -> decode tp=1,pp=1,dp=1,page_size=8 over mooncake",
-        "  prompt   22 tokens in 3 chunks (8+8+6), 10 steps"]
+        "  prompt   101 tokens in 2 chunks (64+37), 10 steps"]
     # 12 layers: 9 GDN (conv + temporal), 3 QSA (k, v, compressed, pending), MTP (k, v) and
     # five request-wide tensors.
-    assert lines[4].startswith("  state    37 tensors, ")
-    assert f"  {OK}" in lines
+    assert qwen[4].startswith("  state    37 tensors, ")
+    assert glm[:2] == [
+        "glm52 (seed_glm52, float32)",
+        "  prefill tp=2,pp=1,dp=1,page_size=64 -> decode tp=1,pp=1,dp=1,page_size=64 over "
+        "mooncake"]
+    # 12 MLA layers and the draft layer (latent and index keys each), three aux rows
+    assert glm[4].startswith("  state    29 tensors, ")
+    assert f"  {OK}" in qwen and f"  {OK}" in glm
 
 
 @pytest.mark.parametrize("argv,rc,message", [

@@ -34,7 +34,7 @@ def _toy(family: str):
     b = BINDINGS[family]
     spec = load_spec(SPECS / f"{family}.yaml", dict(b.params), deployments=False)
     layout = family_of(spec).layout
-    return b, layout, models.build(b.model_name, layout, "float32")
+    return b, layout, models.build(b.model_name, layout, spec.env, "float32")
 
 
 def _prefill(model, n: int, chunk: int):
