@@ -591,8 +591,8 @@ def _parity_arg_problem(args) -> tuple[str, str] | None:
     # One request: one prefill DP group. A decode dp > 1 runs it on one group with the
     # others idle, for a model that pads DP batches (pdc.parity.prepare says which).
     if parse_side_arg(args.prefill, "--prefill")[0].get("dp", 1) != 1:
-        return (f"--prefill {args.prefill}: pdc parity runs one request, so one prefill DP "
-                "group", "use dp=1 on the prefill side (or leave dp out)")
+        return (f"--prefill {args.prefill}: pdc parity runs one request, so one DP group",
+                "use dp=1 (or leave dp out)")
     if n_p + n_d > MAX_DEMO_PROCESSES:
         return (f"--prefill and --decode need {n_p + n_d} rank processes, more than "
                 f"{MAX_DEMO_PROCESSES}", "use smaller tp or pp")

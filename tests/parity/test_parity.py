@@ -156,6 +156,8 @@ def _cli(capsys, *argv):
     ([str(SPECS / "llama3-70b.yaml")], "no parity model bound to family 'llama3-70b'"),
     ([spec("hf-llama"), "--prefill", "tp=4", "--decode", "tp=3"],
      "error: attention TP sizes 4 and 3 do not divide each other"),
+    ([spec("hf-llama"), "--decode", "tp=1,dp=2"],
+     "decode dp=2 needs a model with DP attention padding; the llama model has none"),
     ([spec("hf-llama"), "--drop", "gdn_conv"], "--drop names no component of "),
     ([str(SPECS / "nope.yaml")], "cannot read spec"),
 ])
@@ -167,7 +169,7 @@ def test_user_errors_exit_1_with_a_message(capsys, argv, message):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--decode", "tp=1,dp=2"], "pdc parity: error: --decode tp=1,dp=2: pdc parity runs one "
+    (["--prefill", "tp=1,dp=2"], "pdc parity: error: --prefill tp=1,dp=2: pdc parity runs one "
      "request, so one DP group\n  hint: use dp=1 (or leave dp out)\n"),
     (["--steps", "1"], "pdc parity: error: --steps is 1\n  hint: give --steps from 2 to 1000\n"),
 ])
