@@ -37,13 +37,12 @@ import torch
 
 
 def run_mode(args, name: str, knob_values: dict, layout, plan, devices, rows, checks) -> None:
-    import importlib
-
     from pdc.runtime import integrity, knobs
     from pdc.runtime.control import BootstrapServer
     from pdc.runtime.datapath import component_pairs
     from pdc.runtime.endpoints import DecodeEndpoint, KVPoll, PrefillEndpoint
     from pdc.runtime.engines import make_engine
+    from pdc.runtime.family import Family
     from pdc.runtime.indices import DecodeTarget, PrefillChunk
     from pdc.runtime.plan_types import RankId
     from pdc.runtime.pools import Capacity, TensorPools
@@ -51,7 +50,7 @@ def run_mode(args, name: str, knob_values: dict, layout, plan, devices, rows, ch
     knobs.reset()
     knobs.override(transfer_timeout_s=600.0, prefill_room_timeout_s=600.0,
                    staged_min_descriptors=0, **knob_values)
-    wire = importlib.import_module("pdc.generated.llama3_70b.wire")
+    wire = Family.load("llama3_70b")
     ps = plan.topology.prefill.page_size
     n = -(-args.tokens // ps)
     cap = Capacity(pages=2 * n, slots=2, aux_rows=2, window_pages=1)

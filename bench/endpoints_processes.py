@@ -127,12 +127,11 @@ def prefill_main(conn, args_d: dict, case: str) -> None:
 
 
 def _prefill(conn, a: dict, case: str) -> None:
-    import importlib
-
     from pdc.runtime import integrity, knobs
     from pdc.runtime.datapath import component_pairs
     from pdc.runtime.endpoints import KVPoll, PrefillEndpoint
     from pdc.runtime.engines import plan_backend
+    from pdc.runtime.family import Family
     from pdc.runtime.indices import DecodeTarget, PrefillChunk
     from pdc.runtime.plan_types import RankId
     from pdc.runtime.pools import Capacity
@@ -140,7 +139,7 @@ def _prefill(conn, a: dict, case: str) -> None:
     knobs.override(**_knobs(a["tokens"]))
     ptp, dtp = CASES[case]
     layout, plan = C.llama_plan(ptp, dtp, backend=plan_backend(a["engine"]))
-    wire = importlib.import_module("pdc.generated.llama3_70b.wire")
+    wire = Family.load("llama3_70b")
     ps = plan.topology.prefill.page_size
     n = -(-a["tokens"] // ps)
     cap = Capacity(pages=2 * n, slots=2, aux_rows=2, window_pages=1)
@@ -228,13 +227,12 @@ def _crc_bytes(pools, share: int):
 
 
 def run_case(args, case: str, rows, checks) -> None:
-    import importlib
-
     from pdc.runtime import integrity, knobs
     from pdc.runtime.control import BootstrapServer
     from pdc.runtime.datapath import component_pairs
     from pdc.runtime.endpoints import DecodeEndpoint, KVPoll
     from pdc.runtime.engines import plan_backend
+    from pdc.runtime.family import Family
     from pdc.runtime.indices import DecodeTarget, PrefillChunk
     from pdc.runtime.plan_types import RankId
     from pdc.runtime.pools import Capacity
@@ -243,7 +241,7 @@ def run_case(args, case: str, rows, checks) -> None:
     knobs.override(**_knobs(args.tokens))
     ptp, dtp = CASES[case]
     layout, plan = C.llama_plan(ptp, dtp, backend=plan_backend(args.engine))
-    wire = importlib.import_module("pdc.generated.llama3_70b.wire")
+    wire = Family.load("llama3_70b")
     ps = plan.topology.prefill.page_size
     n = -(-args.tokens // ps)
     cap = Capacity(pages=2 * n, slots=2, aux_rows=2, window_pages=1)

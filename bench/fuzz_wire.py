@@ -23,13 +23,11 @@ long run. It exits 1 when any input broke the oracle.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import random
 import re
 import sys
 import time
-import types
 import zlib
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -37,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 from pdc.runtime import wire
+from pdc.runtime.family import Family, FamilyNotFound
 from pdc.runtime.plan_types import RankId
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,26 +45,18 @@ SPECS = sorted((ROOT / "specs").glob("*.yaml"))
 # ~~~ family bindings ~~~
 
 
-def load_family_wire(spec_path: Path) -> types.ModuleType:
-    """generated/<family>/wire.py when it exists, else the same module rendered from the spec
-    in memory (so the fuzzer also runs before the first `pdc compile`)."""
-    from pdc.compiler.frontend import load_spec  # only the fallback needs the compiler
-    from pdc.compiler.layout import build_layout
+def load_family_wire(spec_path: Path) -> Family:
+    """The family of a spec, the codec of its messages: loaded from generated/<family>/ when
+    it is compiled, else built from the spec (so the fuzzer also runs before the first
+    `pdc compile`)."""
+    from pdc.compiler.family import family_of  # only the fallback needs the compiler
+    from pdc.compiler.frontend import load_spec
 
     spec = load_spec(spec_path)
-    name = f"pdc.generated.{spec.py_name}.wire"
     try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as e:
-        if e.name not in (name, f"pdc.generated.{spec.py_name}"):
-            raise
-    from pdc.compiler.emit.wire_module import wire_module
-
-    relpath, text = wire_module(spec, build_layout(spec))
-    module = types.ModuleType(name)
-    module.__file__ = f"<rendered generated/{relpath}>"
-    exec(compile(text, module.__file__, "exec"), module.__dict__)
-    return module
+        return Family.load(spec.py_name)
+    except FamilyNotFound:
+        return family_of(spec)
 
 
 # ~~~ random valid messages ~~~
@@ -157,7 +148,7 @@ def random_message(rnd: random.Random, components) -> wire.Message:
 
 @dataclass(frozen=True)
 class Seed:
-    family: types.ModuleType
+    family: Family
     message: wire.Message
     data: bytes
     length_fields: tuple[wire.FieldSpan, ...]  # u32 counts/lengths, and header.body_length
@@ -168,9 +159,9 @@ def make_seeds(rnd: random.Random, families, per_family: int) -> list[Seed]:
     seeds = []
     for fam in families:
         for _ in range(per_family):
-            msg = random_message(rnd, fam.WIRE_COMPONENTS)
+            msg = random_message(rnd, fam.wire_components)
             data = fam.encode(msg)
-            spans = wire.field_map(msg, fam.FINGERPRINT, fam.WIRE_COMPONENTS)
+            spans = wire.field_map(msg, fam.fingerprint, fam.wire_components)
             lengths = tuple(s for s in spans
                             if s.kind == "count" or s.name == "header.body_length")
             u16s = tuple(s for s in spans if s.name == "Register.sections.count")
@@ -270,11 +261,11 @@ class FuzzResult:
 
 
 def run_fuzz(iterations: int, seed: int = 0, seeds_per_family: int = 48,
-             families: list[types.ModuleType] | None = None) -> FuzzResult:
+             families: list[Family] | None = None) -> FuzzResult:
     rnd = random.Random(seed)
     fams = families if families is not None else [load_family_wire(p) for p in SPECS]
     seeds = make_seeds(rnd, fams, seeds_per_family)
-    res = FuzzResult(iterations, seed, [f.FAMILY for f in fams])
+    res = FuzzResult(iterations, seed, [f.name for f in fams])
     by_mutation: Counter[str] = Counter()
     by_field: Counter[str] = Counter()
     clock = time.perf_counter

@@ -31,15 +31,14 @@ PAGE = 16
 
 
 def endpoints(engine: str, pages: int):
-    import importlib
-
     from pdc.compiler.lower import lower
+    from pdc.runtime.family import Family
 
     layout, plan = C.llama_plan(1, 1)
     if engine != "local":
         t = plan.topology
         plan = lower(layout, Topology(t.prefill, t.decode, engine), ())
-    wire = importlib.import_module("pdc.generated.llama3_70b.wire")
+    wire = Family.load("llama3_70b")
     cap = Capacity(pages=pages, slots=2, aux_rows=2, window_pages=1)
     r0 = RankId(0, 0)
     boot = BootstrapServer(1)

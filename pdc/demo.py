@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pdc.runtime.family import Family, FamilyNotFound
+
 from .console import Counter, error, print_table, wrap
 from .ranks import (
     ROLE_DECODE,
@@ -95,7 +97,8 @@ def _rank_loop(cmd_q, res_q, cfg: DemoConfig, side: str, dp: int, pp: int, tp: i
 
     knobs.override(transfer_timeout_s=cfg.timeout_s)
     layout_mod = importlib.import_module(f"pdc.generated.{cfg.family_module}.layout")
-    wire_mod = importlib.import_module(f"pdc.generated.{cfg.family_module}.wire")
+    # The family is the codec of its control messages (Family.encode/decode).
+    wire_mod = Family.load(cfg.family_module)
     layout = layout_mod.LAYOUT
     plan = Plan.from_json(cfg.plan_json)
     rank = RankId(pp, tp)
@@ -300,11 +303,11 @@ def run_demo(spec_path: str, prefill: str, decode: str, engine: str, requests: i
         return 1
     layout, topo = family.layout, plan.topology
     try:
-        importlib.import_module(f"pdc.generated.{spec.py_name}.wire")
-    except ImportError:
-        wire, hint = f"generated/{spec.py_name}/wire.py", f"run `pdc compile {spec_path}`"
-        print(f"pdc demo: error: {wire} is missing\n  hint: {hint}", file=sys.stderr)
-        summary["errors"] = [error(wire, f"{wire} is missing", hint)]
+        Family.load(spec.py_name)
+    except FamilyNotFound:
+        layout_py, hint = f"generated/{spec.py_name}/layout.py", f"run `pdc compile {spec_path}`"
+        print(f"pdc demo: error: {layout_py} is missing\n  hint: {hint}", file=sys.stderr)
+        summary["errors"] = [error(layout_py, f"{layout_py} is missing", hint)]
         return 1
     page_size = topo.prefill.page_size
     slots = max(concurrency, 1)

@@ -183,6 +183,7 @@ class _Worker:
 
     def run(self, case: Case, cmd_q, res_q) -> None:
         from pdc.runtime import knobs
+        from pdc.runtime.family import Family
         from pdc.runtime.plan_types import Plan, RankId
         from pdc.runtime.pools import Capacity, RankPools
 
@@ -194,13 +195,11 @@ class _Worker:
         if case.layout is not None:
             # Overrides that change layer ids or components (a scaled toy) need wire
             # bindings of their own: the runtime Family of the shipped layout has them.
-            from pdc.runtime.family import Family
-
             layout = case.layout
             wire = Family(layout, "", case.fingerprint, ())
         else:
-            layout = importlib.import_module(f"pdc.generated.{case.py_name}.layout").LAYOUT
-            wire = importlib.import_module(f"pdc.generated.{case.py_name}.wire")
+            family = Family.load(case.py_name)  # also the codec of its control messages
+            layout, wire = family.layout, family
         plan = Plan.from_json(case.plan_json)
         rank = RankId(pp, tp)
         boot = None
@@ -616,7 +615,6 @@ def prepare(spec_path: str, prefill: str, decode: str, engine: str, dtype: str |
                           f"{page_size}: chunks end on page boundaries")
     try:
         generated = importlib.import_module(f"pdc.generated.{spec.py_name}.layout").LAYOUT
-        importlib.import_module(f"pdc.generated.{spec.py_name}.wire")
     except ImportError:
         raise ParityError(f"generated/{spec.py_name}/ is missing; run `pdc compile "
                           f"{spec_path}`") from None

@@ -170,16 +170,17 @@ def family_sources(spec) -> dict[str, str]:
     from pdc.compiler.emit import compile_specs
 
     out = compile_specs([spec])
-    return {name: out.text(f"{spec.py_name}/{name}.py") for name in ("layout", "wire")}
+    return {"layout": out.text(f"{spec.py_name}/layout.py")}
 
 
 def load_family(sources: dict[str, str]):
-    mods = {}
-    for name in ("layout", "wire"):
-        m = types.ModuleType(f"pdc_family_{name}")
-        exec(compile(sources[name], f"<family {name}>", "exec"), m.__dict__)
-        mods[name] = m
-    return mods["layout"].LAYOUT, mods["wire"]
+    """(layout, Family) of the family whose generated layout module is `sources["layout"]`;
+    the Family is the codec of its control messages."""
+    from pdc.runtime.family import Family
+
+    m = types.ModuleType("pdc_family_layout")
+    exec(compile(sources["layout"], "<family layout>", "exec"), m.__dict__)
+    return m.LAYOUT, Family.from_module(m)
 
 
 # ~~~ rank processes ~~~
@@ -933,7 +934,7 @@ class _Fuzzer:
 
         h = self.h
         _, wire = load_family(h.sources)
-        fp, comps = wire.FINGERPRINT, wire.WIRE_COMPONENTS
+        fp, comps = wire.fingerprint, wire.wire_components
         rng = np.random.default_rng(h.cfg.seed + 1)
         ctx = zmq.Context.instance()
         addrs = [a for _, a in sorted(h.hub_addr.items())]

@@ -3,7 +3,7 @@
 Note [Family modules]: each family gets a package generated/<py_name>/ whose modules are
 produced by the emitters in FAMILY_MODULES, one function per module, each taking a
 FamilyContext and returning a GeneratedModule (name + body). Adding a module to every
-family (wire.py, kernels.py, ...) means writing one such function and appending it to the
+family (kernels.py, ...) means writing one such function and appending it to the
 list; compile_specs puts the @generated header on top and the file into the OutputSet.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from ..diagnostics import Diagnostic, SpecErrors
 from ..layout import build_layout
 from ..model import Spec
-from . import kernels_module, layout_module, wire_module
+from . import kernels_module, layout_module
 from .context import FamilyContext, GeneratedModule
 from .header import generated_header
 from .naming import family_import, family_module, family_package
@@ -38,7 +38,6 @@ ModuleEmitter = Callable[[FamilyContext], GeneratedModule]
 FAMILY_MODULES: list[ModuleEmitter] = [
     package_init,
     layout_module.emit,
-    wire_module.emit,
     kernels_module.emit,
 ]
 

@@ -19,7 +19,6 @@ refused by name.
 from __future__ import annotations
 
 import ctypes
-import importlib
 import json
 import os
 from dataclasses import dataclass
@@ -55,7 +54,7 @@ class RefusedModel(RuntimeError):
 @dataclass(frozen=True)
 class ServedFamily:
     family: Family
-    wire: object  # the family's generated wire module
+    wire: Family  # the codec of its control messages (Family.encode/decode)
     architecture: str
     kv_dtype: str = ""  # the server's KV dtype ("" when it does not say); Note [Served family]
 
@@ -211,7 +210,7 @@ def served_family(model_path: str, kv_args, tp: int, tp_rank: int,
     for py_name in candidates:
         family = Family.load(py_name)
         layout = family.layout
-        wire = importlib.import_module(f"pdc.generated.{py_name}.wire")
+        wire = family  # the codec of the family's control messages
         if page_size != layout.default_page_size:
             problems.append(f"{layout.family} pages hold {layout.default_page_size} tokens, "
                             f"the server's --page-size is {page_size}")

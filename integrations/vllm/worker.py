@@ -27,6 +27,7 @@ import torch
 from pdc.runtime import knobs
 from pdc.runtime.endpoints import DecodeEndpoint, KVPoll, PageState, PrefillEndpoint
 from pdc.runtime.engines import make_engine
+from pdc.runtime.family import Family
 from pdc.runtime.plan_types import RankId
 from pdc.runtime.pools import EnginePools, RegistrationMismatch
 from vllm.model_executor.models.utils import extract_layer_index
@@ -57,7 +58,7 @@ class PdcWorker:
             knobs.override(**settings.knobs)
         self.settings = settings
         self.layout = importlib.import_module(f"pdc.generated.{settings.py_name}.layout").LAYOUT
-        self.wire = importlib.import_module(f"pdc.generated.{settings.py_name}.wire")
+        self.wire = Family.load(settings.py_name)  # the codec of its control messages
         self.block_size = vllm_config.cache_config.block_size
         par = vllm_config.parallel_config
         self.tp = par.tensor_parallel_size

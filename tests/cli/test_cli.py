@@ -104,7 +104,7 @@ def test_compile_prints_what_it_wrote(tmp_path, monkeypatch, capsys):
     assert (rc, err) == (0, "")
     lines = out.splitlines()
     assert lines[:-1] == [f"wrote gen/qwen38/{m}.py"
-                          for m in ("__init__", "kernels", "layout", "wire")]
+                          for m in ("__init__", "kernels", "layout")]
     n = len(_files(tmp_path / "gen"))
     assert lines[-1] == f"pdc compile: {n} of {n} files changed (1 spec)"
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import jinja2
 import pytest
+from pdc.compiler.diagnostics import SpecErrors
 from pdc.compiler.emit import OutputSet, compile_specs
 from pdc.compiler.emit import templates as templates_mod
 from pdc.compiler.emit.header import generated_header, is_generated, spec_fingerprint
@@ -164,3 +165,18 @@ def test_comment_lines_wrap_and_keep_paragraphs():
     assert comment_lines("one\n\ntwo") == ("# one", "#", "# two")
     wrapped = comment_lines("word " * 40)
     assert len(wrapped) == 3 and all(len(line) <= 100 for line in wrapped)
+
+
+# ~~~ names ~~~
+
+
+def test_component_names_that_collide_as_constants_are_spec_errors():
+    mini = REPO / "tests" / "compiler" / "good_specs" / "mini.yaml"
+    spec = parse_spec_text(mini.read_text().replace("  ngram:\n", "  Conv:\n"),
+                           "tests/compiler/good_specs/clash.yaml")
+    with pytest.raises(SpecErrors) as e:
+        compile_specs([spec])
+    assert [d.message for d in e.value.diagnostics] == [
+        "component 'Conv' would be generated as CONV, which is already the name of component "
+        "'conv'"]
+

@@ -13,6 +13,7 @@ import multiprocessing as mp
 import time
 
 import pytest
+from pdc.runtime.family import Family
 
 from pdc.demo import run_demo
 
@@ -152,7 +153,7 @@ def _prefill_rank(plan_json: str, family: str, engine: str, ready, stop) -> None
     from pdc.runtime.pools import Capacity, RankPools
 
     layout = importlib.import_module(f"pdc.generated.{family}.layout").LAYOUT
-    wire = importlib.import_module(f"pdc.generated.{family}.wire")
+    wire = Family.load(family)
     plan = Plan.from_json(plan_json)
     boot = BootstrapServer(1)
     eng = make_engine(engine)
@@ -179,7 +180,7 @@ def _decode_against(prefill_plan, decode_plan, family, wire_override=None):
     try:
         boot = ready.get(timeout=60)
         layout = importlib.import_module(f"pdc.generated.{family}.layout").LAYOUT
-        wire = wire_override or importlib.import_module(f"pdc.generated.{family}.wire")
+        wire = wire_override or Family.load(family)
         eng = make_engine("mooncake")
         pools = RankPools(layout, decode_plan.registration("decode", RankId(0, 0)),
                           Capacity(4, 1, 1, 4))
@@ -213,10 +214,10 @@ def test_fingerprint_mismatch_fails_fast_at_handshake():
 
     from pdc.runtime import wire as W
 
-    real = importlib.import_module("pdc.generated.llama3_70b.wire")
+    real = Family.load("llama3_70b")
     other = types.SimpleNamespace(
-        encode=lambda m: W.encode(m, real.FINGERPRINT ^ 1, real.WIRE_COMPONENTS),
-        decode=lambda b: W.decode(b, real.FINGERPRINT ^ 1, real.WIRE_COMPONENTS),
+        encode=lambda m: W.encode(m, real.fingerprint ^ 1, real.wire_components),
+        decode=lambda b: W.decode(b, real.fingerprint ^ 1, real.wire_components),
         registration_sections=real.registration_sections)
     _, plan = plan_for(LLAMA, {"tp": 1}, {"tp": 1})
     why, elapsed = _decode_against(plan, plan, "llama3_70b", wire_override=other)

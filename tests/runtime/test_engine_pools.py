@@ -15,13 +15,14 @@ import torch
 from pdc.runtime import knobs
 from pdc.runtime.control import BootstrapServer
 from pdc.runtime.endpoints import DecodeEndpoint, KVPoll, PrefillEndpoint
+from pdc.runtime.family import Family
 from pdc.runtime.pools import EnginePools, RegistrationMismatch
 
 from ..compiler.planning import plan_for
 from .failure_tools import R0, ManualEngine, tight_knobs, wait_for
 
 SPEC = str(Path(__file__).parents[2] / "specs" / "vllm-llama.yaml")
-WIRE = importlib.import_module("pdc.generated.vllm_llama.wire")
+WIRE = Family.load("vllm_llama")
 LAYOUT = importlib.import_module("pdc.generated.vllm_llama.layout").LAYOUT
 
 

@@ -463,7 +463,7 @@ def test_hostile_messages_are_refused_with_reasons(small_messages_pair, fam):
     assert _reason(fam, c) == "malformed message: header: truncated: 4 bytes, but a header " \
                               "alone is 24"
     hb = W.Heartbeat(side=W.PeerSide.DECODE, rank=R0, sequence=1, monotonic_ns=1)
-    c.send(W.encode(hb, fam.wire.FINGERPRINT ^ 1, fam.wire.WIRE_COMPONENTS))
+    c.send(W.encode(hb, fam.wire.fingerprint ^ 1, fam.wire.wire_components))
     assert _reason(fam, c).startswith("malformed message: header.fingerprint: peer's spec "
                                       "fingerprint is ")
     good = fam.wire.encode(W.TransferRequest(room=7, generation=0, decode_rank=R0,

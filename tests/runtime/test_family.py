@@ -3,17 +3,21 @@ compiler, and equals the family the compiler builds from the spec."""
 
 from __future__ import annotations
 
-import importlib
+import dataclasses
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from pdc.compiler.family import family_of, plan_spec
 from pdc.compiler.frontend import load_spec
-from pdc.runtime.diagnostics import SpecErrors
+from pdc.runtime import wire
+from pdc.runtime.diagnostics import Location, SpecErrors
 from pdc.runtime.family import Family, FamilyNotFound
+from pdc.runtime.plan_types import RankId
+from pdc.runtime.topology import resolve_side
 
 REPO = Path(__file__).resolve().parents[2]
 SPECS = sorted((REPO / "specs").glob("*.yaml"))
@@ -83,9 +87,11 @@ def test_loaded_family_equals_the_family_of_the_spec(path):
     family = Family.load(spec.py_name)
     assert family == family_of(spec)
     assert family.name == spec.family and family.py_name == spec.py_name
-    wire = importlib.import_module(f"pdc.generated.{spec.py_name}.wire")
-    assert family.wire_components == wire.WIRE_COMPONENTS
-    assert family.fingerprint == wire.FINGERPRINT
+    # What the decoder checks Register sections against: one per component in spec order,
+    # with the ids its entries may carry (the layer ids, or the request-wide sentinel).
+    assert [(w.name, w.tensors, w.layer_ids) for w in family.wire_components] == [
+        (c.name, c.tensors, (c.sentinel,) if c.request_wide else c.layer_ids)
+        for c in spec.components]
 
 
 def test_family_plan_rejects_a_topology_naming_the_backend_rule():
@@ -119,19 +125,63 @@ def test_loading_an_unknown_family_is_a_clear_error(name, message):
     assert str(e.value) == message
 
 
-def test_family_codec_round_trips_a_register_message():
-    from pdc.runtime.plan_types import RankId
-    from pdc.runtime.wire import PeerSide, RegEntry, Register
+@pytest.mark.parametrize("path", SPECS, ids=lambda p: p.stem)
+def test_the_codec_is_bound_to_the_family(path):
+    family = Family.load(_spec(path).py_name)
+    req = wire.TransferRequest(room=2**64 - 1, generation=5, decode_rank=RankId(1, 3),
+                               decode_prefix_tokens=128, slot=0, ring_slot=4, aux_row=-1,
+                               dst_page_ids=np.arange(100, 140), window_page_ids=[7, 8])
+    buf = family.encode(req)
+    assert family.decode(buf) == req
+    assert buf == wire.encode(req, family.fingerprint, family.wire_components)
+    with pytest.raises(wire.WireError, match="both sides must compile the same spec"):
+        family.decode(wire.encode(req, family.fingerprint ^ 1, family.wire_components))
 
-    family = Family.load("llama3_70b")
-    wire = importlib.import_module("pdc.generated.llama3_70b.wire")
-    kv = family.layout.component("kv")
-    entries = [RegEntry(layer_id=kv.layer_ids[0], tensor="k", base_addr=0x1000, item_bytes=4096,
-                        capacity_items=8)]
-    sections = family.registration_sections({"kv": entries})
-    assert sections == wire.registration_sections({"kv": entries})
-    msg = Register(side=PeerSide.DECODE, dp_group=0, rank=RankId(0, 0), page_size=16,
-                   plan_digest=bytes(32), agent_info=b"agent", control_endpoint="tcp://h:1",
-                   sections=sections)
-    assert family.encode(msg) == wire.encode(msg)
-    assert family.decode(family.encode(msg)) == msg
+
+# Topologies whose ranks register different subsets: a stage with no QSA layer (so no QSA
+# RoPE ring, an empty section that keeps its place), uneven PP, and plain TP.
+PLAN_CASES = [
+    ("qwen38", "tp=2,pp=2", "tp=1", [[0, 1, 2], list(range(3, 48))]),
+    ("qwen38", "tp=2,pp=2", "tp=2,pp=2", None),
+    ("llama3_70b", "tp=2,pp=3", "tp=4,pp=2", [list(range(0, 20)), list(range(20, 60)),
+                                                list(range(60, 80))]),
+    ("deepseek_v32", "tp=2,pp=2", "tp=4", None),
+    ("glm52", "tp=2", "tp=1", None),
+]
+
+
+@pytest.mark.parametrize("py_name,prefill,decode,stages", PLAN_CASES)
+def test_registration_sections_follow_the_plan_positions(py_name, prefill, decode, stages):
+    family = Family.load(py_name)
+    topo = family.topology(prefill, decode, "mooncake")
+    if stages is not None:
+        topo = dataclasses.replace(topo, prefill=resolve_side(
+            family.layout, topo.prefill.tp, len(stages), stages=stages, what="prefill",
+            loc=Location("--prefill"))[0])
+    plan = family.plan(topo)
+    empty_sections = 0
+    for side_name, regs in (("prefill", plan.prefill), ("decode", plan.decode)):
+        for reg in regs:
+            # What a rank registers, handed over in an arbitrary order.
+            buffers = {
+                name: [wire.RegEntry(layer_id=layer_id, tensor=tensor,
+                                     base_addr=0x10000 * (1 + k), item_bytes=nbytes,
+                                     capacity_items=128)
+                       for k, (tensor, layer_id) in enumerate(entries)][::-1]
+                for name, entries, nbytes in reg.components if entries
+            }
+            sections = family.registration_sections(buffers)
+            assert [s.component for s in sections] == [c.name for c in family.layout.components]
+            for sec, (name, entries, _) in zip(sections, reg.components, strict=True):
+                assert sec.component == name
+                # Position j on the wire is position j in the plan (LinkEntry.src_pos/dst_pos).
+                assert [(e.tensor, e.layer_id) for e in sec.entries] == list(entries)
+                empty_sections += not sec.entries
+            msg = wire.Register(
+                side=wire.PeerSide.PREFILL if side_name == "prefill" else wire.PeerSide.DECODE,
+                dp_group=0, rank=reg.rank, page_size=topo.prefill.page_size,
+                plan_digest=bytes.fromhex(plan.digest()), agent_info=b"127.0.0.1:17001",
+                control_endpoint="tcp://127.0.0.1:5757", sections=sections)
+            assert family.decode(family.encode(msg)) == msg
+    if stages is not None and py_name == "qwen38":
+        assert empty_sections > 0  # stage 0 has no QSA layer: its sections are empty, not gone

@@ -23,10 +23,10 @@ LLAMA = ROOT / "specs" / "llama3-70b.yaml"
 
 @pytest.mark.parametrize("engine", ["mooncake", "nixl"])
 def test_prefill_and_decode_on_distinct_loopback_hosts(engine):
-    import importlib
+    from pdc.runtime.family import Family
 
     layout, plan = plan_for(LLAMA, {"tp": 1}, {"tp": 1}, backend=engine)
-    wire = importlib.import_module("pdc.generated.llama3_70b.wire")
+    wire = Family.load("llama3_70b")
     r0, cap = RankId(0, 0), Capacity(pages=8, slots=2, aux_rows=2, window_pages=1)
     made = []
     try:

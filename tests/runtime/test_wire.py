@@ -1,7 +1,7 @@
 """The wire codec (pdc.runtime.wire): round trips, exact rejections, and a CI-sized fuzz run.
 
-Family bindings are the generated modules `pdc.generated.<family>.wire` when they exist,
-else the same modules rendered from specs/ in memory (bench/fuzz_wire.load_family_wire).
+Family bindings are the runtime's `Family` of each spec, loaded from generated/ when it is
+compiled, else built from the spec (bench/fuzz_wire.load_family_wire).
 Exact-message tests use a small hand-made family, so their expected text does not move when
 a spec changes.
 """
@@ -181,24 +181,24 @@ ROUND_TRIP = settings(max_examples=40, deadline=None, derandomize=True,
 @given(data=st.data())
 def test_round_trip_every_message_and_family(family, kind, data):
     fam = FAMILIES[family]
-    msg = data.draw(message_strategy(kind, fam.WIRE_COMPONENTS))
+    msg = data.draw(message_strategy(kind, fam.wire_components))
     buf = fam.encode(msg)
     assert fam.decode(buf) == msg
     assert fam.encode(fam.decode(buf)) == buf  # canonical: one spelling per message
     assert fam.decode(bytearray(buf)) == msg
     assert fam.decode(memoryview(buf)) == msg
     # The field map tiles the message exactly, and the header says what it is.
-    spans = wire.field_map(msg, fam.FINGERPRINT, fam.WIRE_COMPONENTS)
+    spans = wire.field_map(msg, fam.fingerprint, fam.wire_components)
     assert [s.offset for s in spans] == list(np.cumsum([0] + [s.size for s in spans[:-1]]))
     assert spans[-1].offset + spans[-1].size == len(buf)
-    assert buf[:4] == b"PDCW" and int.from_bytes(buf[8:16], "little") == fam.FINGERPRINT
+    assert buf[:4] == b"PDCW" and int.from_bytes(buf[8:16], "little") == fam.fingerprint
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)
 @given(garbage=st.binary(max_size=120), header_from=st.sampled_from(KINDS))
 def test_arbitrary_bodies_behind_a_valid_header_raise_only_wire_error(garbage, header_from):
     fam = FAMILIES["qwen38"]
-    msg = {"Register": register(sections=wire.registration_sections(fam.WIRE_COMPONENTS, {})),
+    msg = {"Register": register(sections=wire.registration_sections(fam.wire_components, {})),
            "TransferRequest": transfer_request(), "Heartbeat": Heartbeat(
                side=PeerSide.PREFILL, rank=RankId(0, 0), sequence=1, monotonic_ns=2),
            "Status": Status(room=1, generation=1, prefill_rank=RankId(0, 0),
