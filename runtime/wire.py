@@ -29,9 +29,9 @@ relay that rewrites frames. CRC-32 catches every burst of up to 32 bits and all 
 of random damage, and costs ~1 µs per KiB in zlib's C code.
 
 The messages and limits live in runtime/wire_messages.py, the codec in runtime/wire_codec.py;
-this module is their one public face. Generated modules `generated/<family>/wire.py` bind a
-family: its FINGERPRINT and its components (names in spec order, tensor names, allowed layer
-ids), and wrap encode/decode.
+this module is their one public face. The runtime's `Family` (runtime/family.py) binds a
+family: its fingerprint and its wire components (names in spec order, tensor names, allowed
+layer ids), and wraps encode/decode.
 Messages are frozen dataclasses that validate themselves on construction, so an encoder
 can only be handed, and a decoder can only return, a message that is valid on its own.
 """
