@@ -176,7 +176,7 @@ class BootstrapServer:
 
 
 def bootstrap_call(address: str, request: dict, timeout_s: float) -> dict:
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context = zmq.Context.instance()
     sock = ctx.socket(zmq.REQ)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVTIMEO, int(timeout_s * 1000))
@@ -196,13 +196,19 @@ def bootstrap_call(address: str, request: dict, timeout_s: float) -> dict:
     return reply
 
 
+def _rank_key(key: str) -> tuple[int, int, int]:
+    """(dp, pp, tp) from the table's "dp/pp/tp" key."""
+    dp, pp, tp = (int(x) for x in key.split("/"))
+    return dp, pp, tp
+
+
 def fetch_table(address: str, timeout_s: float) -> dict[tuple[int, int, int], str]:
     """Wait until every prefill rank has registered, then return the table."""
     deadline = time.monotonic() + timeout_s
     while True:
         reply = bootstrap_call(address, {"op": "get"}, max(0.1, deadline - time.monotonic()))
         if reply["ready"]:
-            return {tuple(map(int, k.split("/"))): v for k, v in reply["table"].items()}
+            return {_rank_key(k): v for k, v in reply["table"].items()}
         if time.monotonic() > deadline:
             raise ControlError(f"bootstrap table at {address} incomplete after {timeout_s} s: "
                                f"{len(reply['table'])} prefill ranks registered")

@@ -154,8 +154,8 @@ def build_descriptors(link: Link, local: dict[str, list[LocalBuffer]],
         dsts.append((db + (ds * d_item)[None, :]).reshape(-1))
         lens.append(np.broadcast_to(n * s_item, (len(s_bases), len(n))).reshape(-1))
     if not srcs:
-        e = np.zeros(0, np.uint64)
-        return Descriptors(e, e.copy(), e.copy())
+        empty = np.zeros(0, np.uint64)
+        return Descriptors(empty, empty.copy(), empty.copy())
     return Descriptors(np.concatenate(srcs).astype(np.uint64),
                        np.concatenate(dsts).astype(np.uint64),
                        np.concatenate(lens).astype(np.uint64))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Knob:
     name: str
-    default: float | int
+    default: float | int | str
     unit: str
     doc: str
 

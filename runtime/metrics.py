@@ -29,6 +29,7 @@ import json
 import logging
 import threading
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from . import knobs
 
@@ -165,7 +166,7 @@ class TransferMetrics:
                                  (*labels, "outcome"), registry=self.registry)
         self._failed = Counter("pdc:kv_transfer_failed", "failed requests", labels,
                                registry=self.registry)
-        self._server = None
+        self._server: Any = None  # prometheus_client's WSGIServer once serve() ran
 
     def observe(self, rec: TransferRecord) -> None:
         lv = (rec.side, rec.rank, rec.engine)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -147,16 +148,16 @@ class EnginePools(RankPools):
     def __init__(self, layout: FamilyLayout, registration: Registration, tp: int,
                  tensors: Mapping[tuple[str, str, int], object], label=None):
         self.layout = layout
-        self.capacity = None
+        self.capacity = None  # type: ignore[assignment]  # sized by the given tensors instead
         label = label or (lambda key: f"tensor {key[1]!r} of layer {key[2]}")
         self.buffers = {}
-        self._tensors: dict[tuple[str, int], object] = {}
+        self._tensors: dict[tuple[str, int], Any] = {}  # numpy arrays or torch tensors
         self.device = None
         wanted = set()
         spans = []
         for name, entries, item_bytes in registration.components:
             comp = layout.component(name)
-            bufs = []
+            bufs: list[Buffer] = []
             for tensor, layer_id in entries:
                 key = (name, tensor, layer_id)
                 wanted.add(key)

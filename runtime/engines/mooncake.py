@@ -36,6 +36,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -50,6 +51,9 @@ from .base import (
     as_descriptors,
     check_region,
 )
+
+if TYPE_CHECKING:  # imported when a device region is first checked (it needs ctypes CUDA)
+    from .cuda_ipc import CudaDriver
 
 # Mooncake's own default for MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER.
 DEFAULT_MAX_ENTRIES_PER_SUBMIT = 1024
@@ -110,7 +114,7 @@ class _Job:
 class _PeerWorker:
     """Owns every status query for one peer, so each batch id is asked about exactly once."""
 
-    def __init__(self, engine: object, peer: str, max_entries: int) -> None:
+    def __init__(self, engine: Any, peer: str, max_entries: int) -> None:
         self._engine = engine
         self._peer = peer
         self._max_entries = max_entries
@@ -261,7 +265,7 @@ class MooncakeEngine(TransferEngine):
                 + "; ".join(tried)
             )
         self._engine = engine
-        self._cuda_driver = None
+        self._cuda_driver: CudaDriver | None = None
         self._session = f"{hostname}:{engine.get_rpc_port()}"
         self._protocol, self._hostname = chosen, hostname
         self._regions = RegionTable()
@@ -289,7 +293,8 @@ class MooncakeEngine(TransferEngine):
             from .cuda_ipc import CudaDriver
 
             self._cuda_driver = CudaDriver()
-        self._cuda_driver.ensure_context(self._device)
+        if self._device is not None:  # only device regions are checked
+            self._cuda_driver.ensure_context(self._device)
         base, _ = self._cuda_driver.allocation(addr)
         if base != addr:
             raise DescriptorError(

@@ -37,6 +37,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 
@@ -110,7 +111,7 @@ def _binding_errors(api: ModuleType) -> tuple[type[Exception], ...]:
     )
 
 
-def _create_agent(api: ModuleType, agent_name: str, progress_delay_us: int) -> object:
+def _create_agent(api: ModuleType, agent_name: str, progress_delay_us: int) -> Any:
     """nixl_agent with the UCX backend whose progress thread sleeps progress_delay_us per poll.
 
     nixl_agent.__init__ writes `pthrDelay = 0` into the binding's config object; a subclass of
