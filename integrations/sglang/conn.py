@@ -20,6 +20,17 @@ reads the prefill side off the bootstrap table (which ranks registered). Both lo
 plan; when they disagree pdc's registration check rejects decode with both digests, and the
 requests fail at bootstrap with that reason instead of writing wrong bytes.
 
+Note [SGLang decode prefix]: with `--disaggregation-decode-enable-radix-cache` SGLang's decode
+matches the prompt against its own radix cache, allocates pages for the rest only, and hands
+the receiver those pages with `decode_prefix_len` (tokens it holds, a whole number of pages).
+pdc's DecodeReceiver wants one page id per absolute page position (Note [Prefix skip] in
+pdc.runtime.layout_types): the receiver puts SGLang's padding page 0 (never a request's page:
+its paged allocator hands out pages from 1, `mem_cache/allocator/paged.py`)
+at the prefix positions, which no chunk writes. Prefill's scheduler asks the sender for the
+prefix (`pop_decode_prefix_len`, once decode's request arrived), sends pages from there, and
+counts `init()`'s pages from there: the sender adds the prefix pages to each chunk's position
+and the prefix tokens to its sequence length.
+
 Note [SGLang abort]: SGLang 0.5.23 holds a failed request's decode pages until the backend
 says prefill's writes drained (`enable_deferred_decode_kv_release`,
 `is_abort_release_safe(room, acks)`), or until its own timeout
@@ -273,6 +284,7 @@ class PdcKVSender(BaseKVSender):
         self.aux_index = -1
         self.pages_sent = 0
         self.tokens_sent = 0
+        self.prefix_tokens = 0  # decode's prefix (Note [SGLang decode prefix])
         self.error = ""
         self.t_start = time.monotonic()
         self._attach()
@@ -291,6 +303,19 @@ class PdcKVSender(BaseKVSender):
             self.error = str(e)
             return False
         return True
+
+    def pop_decode_prefix_len(self) -> int:
+        """Tokens decode holds already; SGLang sends from there (Note [SGLang decode
+        prefix]). Asked once, after poll() said WaitingForInput (decode's request arrived)."""
+        if self.sender is None:
+            return 0
+        self.prefix_tokens = int(self.sender.decode_prefix_tokens)
+        return self.prefix_tokens
+
+    def should_send_kv_chunk(self, num_pages: int, last_chunk: bool) -> bool:
+        # The last chunk goes even without pages (decode's prefix may cover them all): it
+        # carries the aux row and ends the request.
+        return num_pages > 0 or last_chunk
 
     def init(self, num_kv_indices: int, aux_index: int | None = None):
         self.num_pages = int(num_kv_indices)
@@ -314,7 +339,8 @@ class PdcKVSender(BaseKVSender):
             return
         last = self.pages_sent == self.num_pages
         pages = faults.apply(self.bootstrap_room, pages, last)
-        self.sender.send(pages, start, last, self.tokens_sent,
+        prefix_pages = self.prefix_tokens // self.kv_mgr.page_size
+        self.sender.send(pages, prefix_pages + start, last, self.prefix_tokens + self.tokens_sent,
                          aux_row=self.aux_index if last else -1)
 
     def poll(self) -> KVPoll:
@@ -389,8 +415,16 @@ class PdcKVReceiver(BaseKVReceiver):
         if self.receiver is None:
             self.error = self.error or "send_metadata() before init()"
             return
-        self.receiver.init([int(x) for x in kv_indices], int(decode_prefix_len or 0),
-                           aux_row=-1 if aux_index is None else int(aux_index))
+        prefix = int(decode_prefix_len or 0)
+        page_size = self.kv_mgr.page_size
+        if prefix % page_size:
+            self.error = (f"decode's prefix of {prefix} tokens is not a whole number of "
+                          f"{page_size}-token pages (Note [SGLang decode prefix])")
+            self.receiver.abort(wait=False)
+            return
+        # Note [SGLang decode prefix]: page 0 at the positions decode holds already
+        pages = [0] * (prefix // page_size) + [int(x) for x in kv_indices]
+        self.receiver.init(pages, prefix, aux_row=-1 if aux_index is None else int(aux_index))
 
     def poll(self) -> KVPoll:
         if self.error:

@@ -286,6 +286,14 @@ class PrefillSender:
             return self._r.stats
 
     @property
+    def decode_prefix_tokens(self) -> int:
+        """Tokens decode already holds for this use (Note [Prefix skip]), as its request said;
+        0 before any decode rank asked. An integration whose scheduler sends only the pages
+        past decode's prefix (SGLang) reads it once poll() says WaitingForInput."""
+        with self.ep.lock:
+            return min((t.target.prefix_len for t in self._r.targets.values()), default=0)
+
+    @property
     def reason(self) -> str:
         with self.ep.lock:
             return self._r.reason if self._r.state == KVPoll.Failed else ""

@@ -79,6 +79,27 @@ def test_pages_below_the_decode_prefix_are_not_needed_and_not_touched(pair):
     assert kv0 == {0x99} and kv1 == {0x42}
 
 
+def test_prefill_learns_the_decode_prefix_and_sends_only_the_rest(pair):
+    # The SGLang way (Note [SGLang decode prefix] in pdc.integrations.sglang.conn): decode
+    # holds pages 0-1 (8 tokens), prefill reads that off the sender once decode's request
+    # arrived and sends pages 2-3 only, at their absolute positions.
+    fill(pair.ppools, range(4), 0, 0x43)
+    fill(pair.dpools, range(6), 0, 0)
+    rv = pair.dec.receiver(8, 0)
+    s = pair.pre.sender(8)
+    assert s.decode_prefix_tokens == 0  # nothing from decode yet
+    rv.init([0, 0, 4, 5], 2 * PAGE, slot=0, aux_row=0)  # page 0 stands at the prefix positions
+    wait_for(lambda: s.poll() == KVPoll.WaitingForInput, what="decode's request")
+    assert s.decode_prefix_tokens == 2 * PAGE
+    s.send([2, 3], 2, True, 4 * PAGE, slot=0, aux_row=0)
+    wait_for(lambda: rv.poll() == KVPoll.Success, what="success")
+    def kv(pages):
+        return {int(x) for pos in range(len(pair.dpools.buffers["kv"]))
+                for x in set(pair.dpools.view("kv", pos)[pages].ravel().tolist())}
+
+    assert (kv([4, 5]), kv([0])) == ({0x43}, {0})  # the stand-in page 0 was not written
+
+
 def test_state_sent_whole_on_a_prefix_hit():
     """`on_prefix_hit: send` (draft-style KV): every page of it is written, the paged KV
     below the prefix is not."""
