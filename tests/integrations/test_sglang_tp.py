@@ -56,10 +56,19 @@ def reference(model, workdir):
     return [r.tokens for r in results]
 
 
+# Three servers share this 2-core box here, and the two prefill ranks' OpenMP threads are
+# pinned one per core (SGLANG_CPU_OMP_THREADS_BIND) and spin: in the CI run of 2026-12-02 the
+# decode server went unheard for 5 s (prefill rank 0: "decode peer ... silent for 5.0 s") while
+# it was serving. Liveness itself is tested in test_sglang_servers.py and tests/runtime; this
+# module widens the window so that it tests TP, not the scheduler of an oversubscribed box.
+LIVENESS = {"PDC_PEER_DEAD_AFTER_S": "60"}
+
+
 @pytest.fixture(scope="module")
 def pair(model, workdir, reference):
     p = H.PDPair.start(PYTHON, model, workdir, engine="mooncake", prefill_tp=2, decode_tp=1,
-                       server_args=FLOAT32)
+                       server_args=FLOAT32, prefill_env=dict(LIVENESS),
+                       decode_env=dict(LIVENESS))
     yield p
     p.stop()
 
