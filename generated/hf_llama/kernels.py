@@ -34,14 +34,7 @@ UNIT_BYTES = {
 def segment_specs(segments: tuple[Segment, ...], item_bytes: int,
                   side: str) -> tuple[SegmentSpec, ...]:
     """Kernel segment specs of a plan entry's segments on one side ("src" or "dst")."""
-    out = []
-    for s in segments:
-        offset = s.src_offset if side == "src" else s.dst_offset
-        stride = s.src_stride if side == "src" else s.dst_stride
-        out.append(SegmentSpec(seg_offset=offset, seg_bytes=s.nbytes, repeat=s.repeat,
-                               seg_stride=stride if s.repeat > 1 else s.nbytes,
-                               item_bytes=item_bytes))
-    return tuple(out)
+    return tuple(SegmentSpec.of(s, item_bytes, side) for s in segments)
 
 
 def gather(component: str, entries, indices, staging, **kw) -> None:
