@@ -5,6 +5,7 @@ the mixins below act on what it finds.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -16,13 +17,26 @@ from .common import (
 )
 from .states import TERMINAL
 
+# Note [Peer liveness]: of a gap between two control ticks, the part that counts as a peer's
+# silence (the hub ticks every ~50 ms while it runs; 5x that is a thread held elsewhere).
+LISTEN_SLACK_S = 0.25
+
+LOG = logging.getLogger("pdc.liveness")
+
 
 class Liveness:
     """Note [Peer liveness]: one model for both sides, pure (the caller passes the time and
     holds its lock). A peer is heard whenever any message of it arrives; one silent for more
-    than `dead_after` seconds is dead until it is heard again. A gap between two ticks longer
-    than that means this process itself did not run (stopped or starved): it could not hear
-    anyone, which says nothing about the peers, so every peer gets a fresh window instead.
+    than `dead_after` seconds of *listening* is dead until it is heard again.
+
+    Silence counts only while this process listens. The control thread ticks every ~50 ms
+    when it runs; a longer gap between two ticks means it was held (a slow handler, the
+    endpoint's lock, a starved core) and read no socket meanwhile, so the peers' messages of
+    that time are still queued, not missing. Of each gap only `LISTEN_SLACK_S` counts as
+    silence: a peer needs `dead_after` seconds of listening without a word, and on a process
+    that stalls every tick a dead peer is still found, later. A gap longer than `dead_after`
+    means this process itself did not run (stopped or starved): every peer gets a fresh
+    window, and the caller learns that it stalled (decode quarantines, Note [Frozen decode]).
     Keys are whatever names a peer on that side: prefill's are the registered incarnations of
     decode ranks (a restarted rank is another key), decode's the prefill ranks' names."""
 
@@ -57,9 +71,12 @@ class Liveness:
         self.max_stall_s = max(self.max_stall_s, gap)
         stalled = gap > dead_after
         self.last_tick = now
-        if stalled:
-            for peer in self.last_heard:
+        unheard = gap - LISTEN_SLACK_S  # of the gap, the time nobody could be heard
+        for peer, heard_at in self.last_heard.items():
+            if stalled:
                 self.last_heard[peer] = now
+            elif unheard > 0:
+                self.last_heard[peer] = min(now, heard_at + unheard)
         died = [p for p, t in self.last_heard.items()
                 if p not in self.dead and now - t > dead_after]
         self.dead.update(died)
@@ -85,6 +102,9 @@ class PrefillLiveness:
             _, died = self.liveness.tick(now, dead_after)
             for p in died:
                 self.counters["peers_dead"] += 1
+                LOG.warning("pdc prefill %s: decode peer %s silent for %.1f s of listening; "
+                            "its requests fail (longest control stall here: %.0f ms)",
+                            self.rank, p.name, dead_after, self.liveness.max_stall_s * 1e3)
                 for r in self.rooms.values():
                     if p.rank in self.links and r.state not in TERMINAL and \
                             self._decode_group(r) == p.dp:
@@ -107,8 +127,15 @@ class DecodeLiveness:
                 self.hub.send(name, hb)
         dead_after = knobs.get("peer_dead_after_s")
         with self.lock:
-            stalled, _ = self.liveness.tick(now, dead_after)
+            stalled, died = self.liveness.tick(now, dead_after)
+            for name in died:
+                LOG.warning("pdc decode %s: prefill peer %s silent for %.1f s of listening; "
+                            "its requests fail (longest control stall here: %.0f ms)",
+                            self.rank, name, dead_after, self.liveness.max_stall_s * 1e3)
             if stalled:
+                LOG.warning("pdc decode %s: this process did not run for more than %.1f s; "
+                            "pages of requests in flight are quarantined unless they succeed",
+                            self.rank, dead_after)
                 # Note [Frozen decode]: this process was stopped (or starved) for longer than
                 # a peer may be silent. The transport may still hold writes that peers gave
                 # up on meanwhile and that land as soon as it runs again, so pages of requests

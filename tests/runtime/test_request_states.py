@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from pdc.runtime.endpoints import KVPoll, PageState
-from pdc.runtime.endpoints.liveness import Liveness
+from pdc.runtime.endpoints.liveness import LISTEN_SLACK_S, Liveness
 from pdc.runtime.endpoints.states import (
     TERMINAL,
     TRANSITIONS,
@@ -72,14 +72,25 @@ def test_a_sender_that_did_not_fail_shows_its_state():
         assert sender_poll(state, retired=False, in_flight=True, issued=True) == state
 
 
+def _ticks(lv, start: float, end: float, dead_after: float, step: float = 0.05) -> list:
+    """Tick every `step` s from start to end (a control thread that runs); the peers that died."""
+    died, n = [], 0
+    while start + n * step <= end + 1e-9:
+        stalled, now_dead = lv.tick(start + n * step, dead_after)
+        assert not stalled
+        died += now_dead
+        n += 1
+    return died
+
+
 def test_a_silent_peer_dies_once_and_revives_when_heard():
     lv = Liveness()
     lv.add("a", 0.0)
     lv.add("b", 0.0)
-    assert lv.tick(0.5, 1.0) == (False, [])
-    lv.heard("b", 1.2)
-    assert lv.tick(1.4, 1.0) == (False, ["a"])
-    assert lv.tick(1.8, 1.0) == (False, [])  # dead already: reported once
+    assert _ticks(lv, 0.05, 0.95, 1.0) == []
+    lv.heard("b", 0.95)
+    assert _ticks(lv, 1.0, 1.5, 1.0) == ["a"]  # silent for more than 1 s of listening
+    assert _ticks(lv, 1.55, 1.8, 1.0) == []  # dead already: reported once
     assert lv.dead == {"a"}
     assert lv.heard("a", 1.9) is True  # revived
     assert lv.heard("a", 2.0) is False
@@ -92,8 +103,36 @@ def test_a_stall_of_this_process_gives_every_peer_a_fresh_window():
     assert lv.tick(0.1, 1.0) == (False, [])
     assert lv.tick(5.0, 1.0) == (True, [])  # 4.9 s without a tick: nobody could be heard
     assert lv.max_stall_s == pytest.approx(4.9)
-    assert lv.tick(5.6, 1.0) == (False, [])
-    assert lv.tick(6.2, 1.0) == (False, ["a"])  # now it has really been silent
+    assert _ticks(lv, 5.05, 5.95, 1.0) == []
+    assert _ticks(lv, 6.0, 6.1, 1.0) == ["a"]  # now it has really been silent
+
+
+def test_a_held_control_thread_does_not_count_as_a_peer_s_silence():
+    # Heard at 0, then the thread is held 4.5 s (under dead_after, so not a stall of the
+    # process): the peer's messages of that time wait in the socket. Of the gap only
+    # LISTEN_SLACK_S counts, so the peer is still 0.35 s from its 5 s of silence.
+    lv = Liveness()
+    lv.add("a", 0.0)
+    assert _ticks(lv, 0.05, 0.5, 5.0) == []
+    assert lv.tick(5.0, 5.0) == (False, [])  # wall time 5 s after it was last heard
+    assert lv.last_heard["a"] == pytest.approx(5.0 - 0.5 - LISTEN_SLACK_S)
+    lv.heard("a", 5.02)  # the queued heartbeats, read at the next poll
+    assert _ticks(lv, 5.05, 9.9, 5.0) == []
+
+
+def test_a_peer_is_found_dead_even_when_every_tick_is_late():
+    # A thread held 0.5 s at every tick listens LISTEN_SLACK_S of each: a dead peer is found
+    # after about dead_after / LISTEN_SLACK_S such ticks instead of never (the first tick has
+    # no gap before it: 0.5 s, then 0.25 s per tick, past 5 s at the 20th tick).
+    lv = Liveness()
+    lv.add("a", 0.0)
+    died_at = None
+    for n in range(1, 100):
+        _, died = lv.tick(n * 0.5, 5.0)
+        if died:
+            died_at = n * 0.5
+            break
+    assert died_at == pytest.approx(10.0)
 
 
 def test_a_forgotten_or_unknown_peer_is_not_tracked():
