@@ -60,7 +60,7 @@ def reference(model, workdir):
 # pinned one per core (SGLANG_CPU_OMP_THREADS_BIND) and spin: in the CI run of 2026-12-02 the
 # decode server went unheard for 5 s (prefill rank 0: "decode peer ... silent for 5.0 s") while
 # it was serving. Silence now counts only while the listener runs (Note [Peer liveness]), and
-# two runs with the default window passed under a load of 12-20 (2026-12-02), but a starved
+# three runs with the default window passed under a load of 3-20 (2026-12-02), but a starved
 # *sender* cannot be told from a dead one. Liveness itself is tested in test_sglang_servers.py
 # and tests/runtime; this module widens the window so that it tests TP, not the scheduler of
 # an oversubscribed box.
