@@ -3,7 +3,7 @@
     python bench/reliability.py [--storm 10000] [--faults 3000] [--soak 5000] [--fuzz 2000]
                                 [--engine mooncake] [--seed 0] [--json out.json]
 
-Scenarios (each one run of pdc.reliability; a count of 0 skips it):
+Scenarios (each one run of pdc.verify.reliability; a count of 0 skips it):
 - storm:  1 prefill -> 1 decode rank; 40 % of requests aborted at a random point (half of
           them the moment decode sees their first byte), half of those re-run at once as
           generation + 1 of the same room; decode pages go back to a LIFO free list, so the
@@ -37,7 +37,7 @@ import sys
 import time
 from pathlib import Path
 
-from pdc.reliability import Fault, RelConfig, report_dict, run
+from pdc.verify.reliability import Fault, RelConfig, report_dict, run
 
 TINY = str(Path(__file__).resolve().parents[1] / "tests" / "runtime" / "specs" / "tiny.yaml")
 KNOBS = dict(heartbeat_interval_s=0.1, peer_dead_after_s=2.5, abort_ack_timeout_s=1.5,

@@ -589,7 +589,7 @@ def _parity_arg_problem(args) -> tuple[str, str] | None:
         d = (e1 + e2)[0]
         return f"{d.loc}: {d.message}", d.hint
     # One request: one prefill DP group. A decode dp > 1 runs it on one group with the
-    # others idle, for a model that pads DP batches (pdc.parity.prepare says which).
+    # others idle, for a model that pads DP batches (pdc.verify.parity.prepare says which).
     if parse_side_arg(args.prefill, "--prefill")[0].get("dp", 1) != 1:
         return (f"--prefill {args.prefill}: pdc parity runs one request, so one DP group",
                 "use dp=1 (or leave dp out)")
@@ -715,24 +715,23 @@ def cmd_sglang_demo(args: argparse.Namespace) -> int:
 def cmd_parity(args: argparse.Namespace) -> int:
     """Run tiny transformers models through pdc and check tokens and logits bit for bit.
 
-    For each SPEC (a family bound to a pdc.hf_state model in pdc/hf_adapter.py), starts
-    worker processes that play the prefill and decode ranks of the given layouts. Prefill
-    ranks build the tiny random-weight model, run the prompt as chunked prefill and place
-    their TP share of the cache in their pools after each chunk; pdc moves it through the
-    lowered plan and the real engine; the decode ranks' items are gathered in one
-    decode-model process, which rebuilds the cache and generates greedily. Tokens and
-    logits of every step must equal single-process generation (the same chunked prefill on
-    one cache in one process) bit for bit; on a mismatch the report names the first
-    differing step and the layer and component whose transferred state differs from the
-    prefill export. The processes are shared by all SPECs of one call. Progress goes to
-    stderr. With --json the report goes to stderr too and stdout holds one JSON object:
-    "specs", one entry per SPEC ("ok", "ran", family, topology, "tokens", "report" lines,
-    wall_s), and "errors".
+    For each SPEC (a family bound to a pdc.verify.hf_state model in pdc/verify/hf_adapter.py),
+    starts worker processes that play the prefill and decode ranks of the given layouts.
+    Prefill ranks build the tiny random-weight model, run the prompt as chunked prefill and
+    place their TP share of the cache in their pools after each chunk; pdc moves it through the
+    lowered plan and the real engine; the decode ranks' items are gathered in one decode-model
+    process, which rebuilds the cache and generates greedily. Tokens and logits of every step
+    must equal single-process generation (the same chunked prefill on one cache in one process)
+    bit for bit; on a mismatch the report names the first differing step and the layer and
+    component whose transferred state differs from the prefill export. The processes are shared
+    by all SPECs of one call. Progress goes to stderr. With --json the report goes to stderr
+    too and stdout holds one JSON object: "specs", one entry per SPEC ("ok", "ran", family,
+    topology, "tokens", "report" lines, wall_s), and "errors".
 
     Exit status: 0 when every SPEC reaches parity, 1 otherwise, 2 for a usage error.
     """
     from pdc.console import phase_printer
-    from pdc.parity import ParityWorkers, run_parity
+    from pdc.verify.parity import ParityWorkers, run_parity
 
     bad = _parity_arg_problem(args)
     if bad:

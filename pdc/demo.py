@@ -7,8 +7,8 @@ decode rank verifies every byte of every item it owns after Success.
 
 Page ids are allocated by the parent from per-(side, dp group) free lists in a shuffled
 order (fragmented pools), except every fourth request, which gets contiguous pages
-(pdc.ranks.allocate). Process handling, endpoints and chunked sends are shared with
-`pdc parity` in pdc.ranks.
+(pdc.verify.ranks.allocate). Process handling, endpoints and chunked sends are shared with
+`pdc parity` in pdc.verify.ranks.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import numpy as np
 from pdc.runtime.family import Family, FamilyNotFound
 
 from .console import Counter, error, print_table, wrap
-from .ranks import (
+from .verify.ranks import (
     ROLE_DECODE,
     ROLE_PREFILL,
     Processes,

@@ -34,7 +34,7 @@ def link_tree(tmp: Path) -> Path:
     pkg = tmp / "pdc"
     pkg.mkdir()
     for f in (ROOT / "pdc").iterdir():
-        if f.suffix == ".py":
+        if f.suffix == ".py" or (f / "__init__.py").is_file():  # modules and pdc.verify
             (pkg / f.name).symlink_to(f)
     for name, folder in SUBPACKAGES.items():
         (pkg / name).symlink_to(ROOT / folder, target_is_directory=True)

@@ -1,9 +1,9 @@
 """The model interface of the parity harness (Note [Parity models] in pdc/verify/__init__.py).
 
 A `ParityModel` is built inside a rank process (it imports torch); the parent only names it
-(`Binding.model`). State is a flat dict of tensors named as pdc.hf_adapter.state_key says
+(`Binding.model`). State is a flat dict of tensors named as pdc.verify.hf_adapter.state_key says
 (`L{layer}.{name}` per layer, `R.{name}` for request-wide state), rows token-major (Note
-[State layout] in pdc/hf_state.py). Logits rows are what the judge compares bit for bit;
+[State layout] in pdc/verify/hf_state.py). Logits rows are what the judge compares bit for bit;
 `token_of` says which token a row produces.
 """
 
@@ -38,14 +38,14 @@ class ParityModel(Protocol):
 
 
 class HfModel:
-    """A pdc.hf_state family behind the ParityModel interface."""
+    """A pdc.verify.hf_state family behind the ParityModel interface."""
 
     dp_padding = False
 
     def __init__(self, family: str, dtype: str, seed: int = 0):
         import torch
 
-        from pdc import hf_state as H
+        from pdc.verify import hf_state as H
 
         self.H, self.family = H, family
         self.model = H.build_model(family, getattr(torch, dtype), seed)
@@ -75,7 +75,7 @@ class HfModel:
 
 def build(model: str, layout, params: dict[str, int], dtype: str,
           seed: int = 0) -> ParityModel:
-    """`model` is `hf:<pdc.hf_state family>` or `verify:<module of pdc.verify>`, whose
+    """`model` is `hf:<pdc.verify.hf_state family>` or `verify:<module of pdc.verify>`, whose
     `build(layout, params, dtype, seed)` makes the toy from the family's (scaled) layout and
     the spec's evaluated params."""
     kind, _, name = model.partition(":")

@@ -1,7 +1,7 @@
 """What the seed toys (seed_qwen38.py, seed_glm52.py) share.
 
 A toy's cache is a `ToyCache`: the dict of state tensors the spec names, in the spec's
-dtypes and shapes (Note [State layout] in pdc/hf_state.py: page-indexed rows token-major,
+dtypes and shapes (Note [State layout] in pdc/verify/hf_state.py: page-indexed rows token-major,
 `[R, ...]` for a ring, the item itself for a slot or aux row), and `seq_len`. Nothing else
 survives from one step to the next, so a decode that continues from a rebuilt cache
 computes what the prefill process would have computed exactly when every byte of every

@@ -9,10 +9,11 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Faults:
     """Note [Fault hooks]: a harness shows that one side detects the other side's misbehaviour
-    (pdc/reliability.py's sabotage runs, tests of the refusals) by making an endpoint misbehave
-    at a named point of its protocol. The endpoint takes them as an explicit argument
-    (`faults=`, or its public `faults` attribute) and consults them only at the points named
-    here; nothing patches its methods. Serving passes none (NO_FAULTS), which changes nothing.
+    (the sabotage runs of pdc/verify/reliability.py, tests of the refusals) by making an
+    endpoint misbehave at a named point of its protocol. The endpoint takes them as an explicit
+    argument (`faults=`, or its public `faults` attribute) and consults them only at the points
+    named here; nothing patches its methods. Serving passes none (NO_FAULTS), which changes
+    nothing.
     """
 
     # Prefill, on an Abort (prefill_control.py, _on_abort): acknowledge it at once with

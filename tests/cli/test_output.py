@@ -13,7 +13,7 @@ import pytest
 
 from pdc.console import Counter, phase_printer, print_table
 from pdc.demo import ROLE_DECODE, ROLE_PREFILL, _report
-from pdc.ranks import Req
+from pdc.verify.ranks import Req
 
 from .test_cli import QWEN, REPO, run
 

@@ -1,4 +1,4 @@
-"""pdc.hf_adapter in one process: state tensors to pool items and back, TP shares cut with
+"""pdc.verify.hf_adapter in one process: state tensors to pool items and back, TP shares cut with
 runtime.labels.project and merged with runtime.labels.merge, and the binding check that
 tells when a spec does not fit the model's cache."""
 
@@ -16,8 +16,8 @@ from pdc.compiler.frontend import load_spec, parse_spec_text  # noqa: E402
 from pdc.compiler.layout import build_layout  # noqa: E402
 from pdc.runtime.labels import merge, project  # noqa: E402
 
-from pdc import hf_state as H  # noqa: E402
-from pdc.hf_adapter import (  # noqa: E402
+from pdc.verify import hf_state as H  # noqa: E402
+from pdc.verify.hf_adapter import (  # noqa: E402
     BINDINGS,
     bound_entries,
     check_binding,

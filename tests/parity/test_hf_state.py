@@ -1,4 +1,4 @@
-"""PD parity of pdc.hf_state on real tiny transformers models (no mocks).
+"""PD parity of pdc.verify.hf_state on real tiny transformers models (no mocks).
 
 Prefill runs in this process; the state crosses to a spawned decode process as raw bytes
 (`state_to_bytes`, no pickle of torch objects), where a fresh model built from the same config and
@@ -16,7 +16,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from pdc import hf_state as H  # noqa: E402
+from pdc.verify import hf_state as H  # noqa: E402
 
 THREADS = 2  # both processes; thread count changes bits (mamba2 fp32 differs between 1 and 2)
 TORCH_THREADS = THREADS  # this process, set per test by conftest.py

@@ -5,7 +5,7 @@ Every case runs a tiny random-weight model's prompt as chunked prefill (20 token
 plan and real Mooncake (TCP) or NIXL (UCX) into decode rank processes, rebuilds it in the
 decode-model process and generates 10 tokens. Tokens and logits of every step must be
 bitwise equal to single-process generation, and every rebuilt state tensor to the prefill's
-export (pdc.parity.judge). One set of worker processes serves every case of this module
+export (pdc.verify.parity.judge). One set of worker processes serves every case of this module
 (ParityWorkers), which keeps the whole matrix to seconds after the ~10 s start.
 """
 
@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("transformers")
 
 from pdc.cli import main  # noqa: E402
-from pdc.parity import ParityError, ParityWorkers, judge, prepare  # noqa: E402
+from pdc.verify.parity import ParityError, ParityWorkers, judge, prepare  # noqa: E402
 
 pytestmark = pytest.mark.engines
 
@@ -123,11 +123,11 @@ def test_page_size_override_ships_its_own_layout(workers):
 
 def test_one_chunk_reference_is_hf_state_aggregate_generate(workers):
     """Note [Parity reference]: with one chunk the single-process reference is exactly
-    pdc.hf_state.aggregate_generate."""
+    pdc.verify.hf_state.aggregate_generate."""
     import torch
 
-    from pdc import hf_state as H
-    from pdc.parity import parse_state
+    from pdc.verify import hf_state as H
+    from pdc.verify.parity import parse_state
 
     case, outcome, verdict = run_case(workers, "hf-llama", "tp=1", "tp=1", "nixl",
                                       chunk_tokens=20)

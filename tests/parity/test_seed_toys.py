@@ -15,7 +15,8 @@ from pdc.compiler.family import family_of  # noqa: E402
 from pdc.compiler.frontend import load_spec  # noqa: E402
 from pdc.runtime.labels import merge, project  # noqa: E402
 
-from pdc.hf_adapter import (  # noqa: E402
+from pdc.verify import models  # noqa: E402
+from pdc.verify.hf_adapter import (  # noqa: E402
     BINDINGS,
     bound_entries,
     check_binding,
@@ -23,7 +24,6 @@ from pdc.hf_adapter import (  # noqa: E402
     positions,
     to_items,
 )
-from pdc.verify import models  # noqa: E402
 
 SPECS = Path(__file__).resolve().parents[2] / "specs"
 SEEDS = sorted(f for f, b in BINDINGS.items() if b.model_name.startswith("verify:"))

@@ -1,6 +1,6 @@
 """Reliability under faults and load, over real engines (short versions of bench/reliability.py).
 
-Every run goes through pdc.reliability: one process per rank, LIFO page reuse, per-byte
+Every run goes through pdc.verify.reliability: one process per rank, LIFO page reuse, per-byte
 labels on every successful request, canaries on every page given back, quarantined pages
 never handed out again (Note [What is checked] there). A run is clean when nothing was lost
 or corrupted and every failure is explained (an abort, an injected fault or bad index).
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pdc.reliability import Fault, RelConfig, run
+from pdc.verify.reliability import Fault, RelConfig, run
 
 pytestmark = pytest.mark.engines
 

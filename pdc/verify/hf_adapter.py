@@ -1,16 +1,16 @@
-"""Adapter between a transformers cache state (pdc.hf_state) and a spec's pools.
+"""Adapter between a transformers cache state (pdc.verify.hf_state) and a spec's pools.
 
 Note [HF bindings]: which state tensor a spec component carries is DATA, one `Binding` per
-spec family in `BINDINGS`: the pdc.hf_state family whose tiny model runs it and rows
+spec family in `BINDINGS`: the pdc.verify.hf_state family whose tiny model runs it and rows
 (component, tensor, hf_state tensor name). Nothing else is per family: where the bytes go
 follows from the component's index kind, and how they are cut across attention-TP ranks
 from its shard geometry (runtime.labels.project, Note [Shard ownership]) and merged back
 (runtime.labels.merge). Global layer id i of a component carries hf_state's `L{i}.{name}`.
-A new family needs a spec, a binding here and a recipe in pdc.hf_state.FAMILIES;
+A new family needs a spec, a binding here and a recipe in pdc.verify.hf_state.FAMILIES;
 `check_binding` says what disagrees when they do not fit.
 
 Layout rules by index kind (state tensor rows are token-major, Note [State layout] in
-pdc.hf_state):
+pdc.verify.hf_state):
 - page: row t of `[T, ...]` is row t % page_size of the page at position t // page_size;
   item shape `[page_size, ...]`. The last page is partial; its rows from T on are not state.
 - window: the `min(T, W)` rows of the last W tokens, at their absolute positions, in the
@@ -41,7 +41,7 @@ from pdc.runtime.layout_types import ComponentLayout, FamilyLayout
 
 @dataclass(frozen=True)
 class Binding:
-    hf_family: str  # key of pdc.hf_state.FAMILIES, or the toy's name (reports show it)
+    hf_family: str  # key of pdc.verify.hf_state.FAMILIES, or the toy's name (reports show it)
     tensors: tuple[tuple[str, str, str], ...]  # (component, tensor, hf_state tensor name)
     dtype_name: str = "model"  # the spec's `dtypes` name that `pdc parity --dtype` sets
     # The model the ranks build (pdc.verify.models.build): "" = hf:<hf_family>.
@@ -214,14 +214,14 @@ def from_items(comp: ComponentLayout, items: np.ndarray, seq_len: int, page_size
 def check_binding(layout: FamilyLayout, binding: Binding, described: list[dict],
                   seq_len: int, page_size: int) -> list[str]:
     """Every disagreement between the spec's bound components and the state the model
-    exports (`described`: pdc.hf_state.describe_state rows, with `segment_units` added)."""
+    exports (`described`: pdc.verify.hf_state.describe_state rows, with `segment_units` added)."""
     rows = {r["name"]: r for r in described}
     errors, used = [], set()
     for c in layout.components:
         for t in c.tensors:
             if binding.hf_name(c.name, t) is None:
                 errors.append(f"component '{c.name}' tensor '{t}' has no hf_state tensor in "
-                              f"the binding of {layout.family} (pdc/hf_adapter.py)")
+                              f"the binding of {layout.family} (pdc/verify/hf_adapter.py)")
     for c, t, layer_id, key in bound_entries(layout, binding):
         where = f"component '{c.name}' tensor '{t}' of layer {layer_id} ({key})"
         r = rows.get(key)

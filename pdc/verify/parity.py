@@ -6,16 +6,16 @@ of pdc.verify for the seed systems (Note [Parity models]); the harness is the sa
 
 - The parent (the CLI, or a test) loads the spec, lowers the plan, allocates the request's
   page / slot / window ids at random, and checks that the spec fits what the tiny model's
-  cache exports (pdc.hf_adapter.check_binding). It never imports torch.
+  cache exports (pdc.verify.hf_adapter.check_binding). It never imports torch.
 - Worker processes (`ParityWorkers`, reusable across cases: a worker takes whatever rank a
   case gives it) play the ranks. Prefill ranks build the tiny random-weight model
-  (pdc.hf_state, seed 0), run the prompt as chunked prefill, and after each chunk place the
+  (pdc.verify.hf_state, seed 0), run the prompt as chunked prefill, and after each chunk place the
   state in their pools (their attention-TP share of every item, runtime.labels.project) and
   send the chunk through their PrefillEndpoint and the real engine.
 - Decode ranks receive into their pools, then ship their items over a multiprocessing queue
   to one decode-model process (decode rank pp0.tp0), which stands in for decode's own TP
   all-gather: it merges the shares (runtime.labels.merge, which also checks that replicas
-  agree), rebuilds the cache (pdc.hf_state.import_state) and generates greedily. It also
+  agree), rebuilds the cache (pdc.verify.hf_state.import_state) and generates greedily. It also
   runs the single-process reference: the same chunked prefill and greedy decode on one
   cache in one process.
 - The parent compares tokens and logits of every step bitwise, and the rebuilt state with
@@ -24,7 +24,7 @@ of pdc.verify for the seed systems (Note [Parity models]); the harness is the sa
 Note [Parity reference]: chunked prefill is not bitwise equal to one forward over the
 prompt (other GEMM shapes: logits differ by ~1e-7 in float32), so "single-process
 generation" is the same chunk schedule on one cache in one process. With one chunk
-covering the prompt it is exactly pdc.hf_state.aggregate_generate.
+covering the prompt it is exactly pdc.verify.hf_state.aggregate_generate.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from pdc.runtime.plan_types import dp_group_of_room
 
 from .hf_adapter import (
     BINDINGS,
@@ -63,7 +65,6 @@ from .ranks import (
     open_endpoint,
     send_chunk,
 )
-from .runtime.plan_types import dp_group_of_room
 
 DTYPES = ("float32", "bfloat16")
 ROOM = 1001  # odd: allocate() gives it shuffled (fragmented) pages
@@ -96,7 +97,7 @@ class Case:
     prompt: tuple[int, ...]
     chunk_tokens: int
     steps: int
-    ids: dict  # side -> the request's pool ids (pdc.ranks.allocate)
+    ids: dict  # side -> the request's pool ids (pdc.verify.ranks.allocate)
     pages: int
     slots: int
     roles: tuple  # per worker index: (side, pp, tp, dp group) of the rank it plays
@@ -134,7 +135,7 @@ class _Worker:
         import torch
         import transformers
 
-        from pdc import hf_state as H
+        from pdc.verify import hf_state as H
 
         torch.set_num_threads(threads)
         # Import every family's modeling code now, while the workers start side by side,
@@ -242,9 +243,9 @@ class _Worker:
     def prefill(self, case: Case, layout, plan, rank, ep, pools) -> dict:
         import torch
 
-        from pdc import hf_state as H
         from pdc.runtime.endpoints import KVPoll
         from pdc.runtime.labels import project
+        from pdc.verify import hf_state as H
 
         model = self.model(case.binding, layout, case.params, case.dtype)
         ids = case.ids[ROLE_PREFILL]
@@ -313,9 +314,9 @@ class _Worker:
 
     def decode_model(self, case: Case, layout, plan, first: dict | None) -> dict:
         """Gather every decode rank's items, rebuild the cache, decode; and the reference."""
-        from pdc import hf_state as H
         from pdc.runtime.labels import merge
         from pdc.runtime.plan_types import RankId
+        from pdc.verify import hf_state as H
 
         D = plan.topology.decode
         gathered, failed = {}, []
@@ -364,7 +365,7 @@ class _Worker:
         cache in this process, with a model instance of its own (Note [Parity reference])."""
         import torch
 
-        from pdc import hf_state as H
+        from pdc.verify import hf_state as H
         from pdc.verify import models
 
         model = models.build(case.binding.model_name, layout, dict(case.params), case.dtype)
@@ -381,7 +382,7 @@ class _Worker:
 
 
 def _tensor_bytes(t) -> bytes:
-    from pdc import hf_state as H
+    from pdc.verify import hf_state as H
 
     return H.state_to_bytes({"t": t})
 
@@ -577,7 +578,7 @@ def prepare(spec_path: str, prefill: str, decode: str, engine: str, dtype: str |
         binding = BINDINGS.get(spec.family)
         if binding is None:
             raise ParityError(f"no parity model bound to family '{spec.family}'; pdc parity "
-                              f"knows {', '.join(sorted(BINDINGS))} (pdc/hf_adapter.py)")
+                              f"knows {', '.join(sorted(BINDINGS))} (pdc/verify/hf_adapter.py)")
         # The binding's scaled sizes, the sides' page size, then --param (last one wins).
         wanted = dict(binding.params)
         if page:
@@ -668,7 +669,7 @@ def _drop(plan, names: set[str]):
 
 
 def parse_state(buf: bytes) -> dict[str, tuple[str, tuple[int, ...], np.ndarray]]:
-    """pdc.hf_state.state_to_bytes without torch: name -> (dtype, shape, raw bytes)."""
+    """pdc.verify.hf_state.state_to_bytes without torch: name -> (dtype, shape, raw bytes)."""
     (n,) = struct.unpack_from("<Q", buf)
     offset, out = 8 + n, {}
     for name, dtype, shape in json.loads(buf[8:8 + n]):
@@ -804,7 +805,7 @@ def run_parity(specs: list[str], prefill: str = "tp=1", decode: str = "tp=1",
     the named components from the plan of every spec that has them. `report`, when given,
     receives what was printed as data (for `pdc parity --json`): "specs", one dict per SPEC
     run or refused, and "errors", error dicts (pdc.console.error) or Diagnostics."""
-    from .console import error, wrap
+    from pdc.console import error, wrap
 
     out = out or sys.stdout
     err = err or sys.stderr

@@ -49,8 +49,8 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 from pdc.demo import _labels_for
-from pdc.ranks import ROLE_DECODE, ROLE_PREFILL, Req
 from pdc.runtime.indices import window_first_page
+from pdc.verify.ranks import ROLE_DECODE, ROLE_PREFILL, Req
 
 POISON, CANARY = 0xA5, 0x5A
 
