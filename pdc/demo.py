@@ -33,6 +33,7 @@ from .verify.ranks import (
     bootstrap_server,
     chunk_plan,
     open_endpoint,
+    request_labels,
     send_chunk,
 )
 
@@ -55,36 +56,6 @@ class DemoConfig:
 
 
 # ~~~ rank process ~~~
-
-
-def _labels_for(layout, plan, side, rank, seed, req: Req, side_ids):
-    """Yield (component, entry position, item id, expected bytes) of one request on a rank."""
-    from pdc.runtime.indices import window_first_page
-    from pdc.runtime.labels import item_labels, project
-
-    topo = plan.topology
-    s = topo.prefill if side == ROLE_PREFILL else topo.decode
-    reg = plan.registration(side, rank)
-    page_size = s.page_size
-    n_pages = -(-req.tokens // page_size)
-    for comp in layout.components:
-        positions: list[tuple[int, int]] = []  # (position within request, item id)
-        if comp.index == "page":
-            positions = [(p, int(side_ids["pages"][p])) for p in range(n_pages)]
-        elif comp.index == "window":
-            first = window_first_page(req.tokens, comp.window_tokens, page_size)
-            positions = [(first + i, int(w)) for i, w in enumerate(side_ids["window"])]
-        elif comp.index == "slot":
-            positions = [(0, side_ids["slot"])]
-        elif comp.index == "aux":
-            positions = [(0, side_ids["aux"])]
-        elif comp.index == "ring":
-            r = comp.ring_rows
-            positions = [(i, side_ids["ring"] * r + i) for i in range(r)]
-        for pos, (tensor, layer_id) in enumerate(reg.entries(comp.name)):
-            for where, item in positions:
-                full = item_labels(seed, req.room, comp, tensor, layer_id, where)
-                yield comp, pos, item, where, project(comp, full, s.tp, rank.tp)
 
 
 def _rank_loop(cmd_q, res_q, cfg: DemoConfig, side: str, dp: int, pp: int, tp: int) -> None:
@@ -125,8 +96,8 @@ def _rank_loop(cmd_q, res_q, cfg: DemoConfig, side: str, dp: int, pp: int, tp: i
             senders = {}
             for r in wave:
                 ids = r.ids[side]
-                for comp, pos, item, _, data in _labels_for(layout, plan, side, rank, cfg.seed,
-                                                             r, ids):
+                for comp, pos, item, _, data in request_labels(layout, plan, side, rank,
+                                                               cfg.seed, r, ids):
                     pools.view(comp.name, pos)[item] = data
                 s = ep.sender(r.room)
                 for c in chunk_plan(r.tokens, r.chunk_tokens, topo.prefill.page_size):
@@ -155,8 +126,8 @@ def _rank_loop(cmd_q, res_q, cfg: DemoConfig, side: str, dp: int, pp: int, tp: i
             for r in wave:
                 ids = r.ids[side]
                 page_size = topo.decode.page_size
-                for comp, pos, item, where, data in _labels_for(layout, plan, side, rank,
-                                                                 cfg.seed, r, ids):
+                for comp, pos, item, where, data in request_labels(layout, plan, side, rank,
+                                                                   cfg.seed, r, ids):
                     view = pools.view(comp.name, pos)
                     if comp.index == "page" and \
                             where < comp.prefix_pages(r.prefix_tokens, page_size):
@@ -233,8 +204,8 @@ def _play_forward(ep, plan, layout, rank, senders: dict, deadline: float) -> dic
 def _touched(layout, plan, rank, seed, req: Req, pools) -> str:
     """For a request that failed: name an item outside the prefix that was written at all."""
     page_size = plan.topology.decode.page_size
-    for comp, pos, item, where, _ in _labels_for(layout, plan, ROLE_DECODE, rank, seed, req,
-                                                 req.ids[ROLE_DECODE]):
+    for comp, pos, item, where, _ in request_labels(layout, plan, ROLE_DECODE, rank, seed,
+                                                    req, req.ids[ROLE_DECODE]):
         if comp.index == "page" and where < comp.prefix_pages(req.prefix_tokens, page_size):
             continue
         if (pools.view(comp.name, pos)[item] != 0xA5).any():
@@ -243,8 +214,8 @@ def _touched(layout, plan, rank, seed, req: Req, pools) -> str:
 
 
 def _verify(layout, plan, rank, seed, req: Req, pools) -> str:
-    for comp, pos, item, where, data in _labels_for(layout, plan, ROLE_DECODE, rank, seed, req,
-                                                    req.ids[ROLE_DECODE]):
+    for comp, pos, item, where, data in request_labels(layout, plan, ROLE_DECODE, rank, seed,
+                                                       req, req.ids[ROLE_DECODE]):
         got = pools.view(comp.name, pos)[item]
         if not np.array_equal(got, data):
             n = int((got != data).sum())

@@ -8,8 +8,9 @@ of dying silently, and the parent's `get` turns that into `RankCrash`.
 
 Also here: what every rank does the same way in both commands: the bootstrap server on the
 prefill leader, pools and endpoints (`open_endpoint`), page / slot / window allocation of
-requests (`allocate`) and chunked prefill sends with absolute page positions (`chunk_plan`,
-`send_chunk`).
+requests (`allocate`), chunked prefill sends with absolute page positions (`chunk_plan`,
+`send_chunk`), and the labels `pdc demo` and the reliability harness fill and check every
+item with (`request_labels`).
 """
 
 from __future__ import annotations
@@ -79,6 +80,39 @@ def open_endpoint(side: str, layout, wire_mod, plan, rank, dp: int, engine, pool
     ep = DecodeEndpoint(layout, wire_mod, plan, rank, dp, engine, pools, bootstrap, metrics)
     ep.wait_ready()
     return ep
+
+
+def request_labels(layout, plan, side, rank, seed, req: Req, side_ids):
+    """Yield (component, entry position, item id, position within the request, expected
+    bytes) of every item of one request on a rank: the aggregate labels of runtime.labels,
+    cut to the rank's TP share. Both `pdc demo` and the reliability harness fill and check
+    pools with them."""
+    from pdc.runtime.indices import window_first_page
+    from pdc.runtime.labels import item_labels, project
+
+    topo = plan.topology
+    s = topo.prefill if side == ROLE_PREFILL else topo.decode
+    reg = plan.registration(side, rank)
+    page_size = s.page_size
+    n_pages = -(-req.tokens // page_size)
+    for comp in layout.components:
+        positions: list[tuple[int, int]] = []  # (position within request, item id)
+        if comp.index == "page":
+            positions = [(p, int(side_ids["pages"][p])) for p in range(n_pages)]
+        elif comp.index == "window":
+            first = window_first_page(req.tokens, comp.window_tokens, page_size)
+            positions = [(first + i, int(w)) for i, w in enumerate(side_ids["window"])]
+        elif comp.index == "slot":
+            positions = [(0, side_ids["slot"])]
+        elif comp.index == "aux":
+            positions = [(0, side_ids["aux"])]
+        elif comp.index == "ring":
+            r = comp.ring_rows
+            positions = [(i, side_ids["ring"] * r + i) for i in range(r)]
+        for pos, (tensor, layer_id) in enumerate(reg.entries(comp.name)):
+            for where, item in positions:
+                full = item_labels(seed, req.room, comp, tensor, layer_id, where)
+                yield comp, pos, item, where, project(comp, full, s.tp, rank.tp)
 
 
 @dataclass(frozen=True)

@@ -48,9 +48,8 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from pdc.demo import _labels_for
 from pdc.runtime.indices import window_first_page
-from pdc.verify.ranks import ROLE_DECODE, ROLE_PREFILL, Req
+from pdc.verify.ranks import ROLE_DECODE, ROLE_PREFILL, Req, request_labels
 
 POISON, CANARY = 0xA5, 0x5A
 
@@ -204,7 +203,7 @@ def _rank_main(blob: dict, key: tuple, bootstrap: str | None, cmd_q, res_q, log:
 def _items(layout, plan, side, rank, req, ids):
     """(component, entry position, item id, position, labels) of one request on a rank."""
     seed = req.seed_labels
-    return _labels_for(layout, plan, side, rank, seed, req, ids)
+    return request_labels(layout, plan, side, rank, seed, req, ids)
 
 
 def _rank_loop(blob, key, bootstrap, cmd_q, res_q):
