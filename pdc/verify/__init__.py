@@ -16,6 +16,8 @@ judge them, from the command line (`pdc demo`, `pdc parity`), bench/ and tests/:
 - reliability.py: the reliability harness, many requests through a real engine while ranks
   are killed or stopped, requests aborted and control sockets fuzzed, every byte checked
   (Note [What is checked]); used by tests/runtime/test_reliability.py and bench/reliability.py.
+  It is the parent (scheduler, page pools, faults, fuzzer, report); reliability_ranks.py is
+  what each of its rank processes does.
 
 The harnesses make endpoints misbehave only through the endpoints' explicit fault hooks
 (`Faults`, Note [Fault hooks] in runtime/endpoints/faults.py), never by patching them.

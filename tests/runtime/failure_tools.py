@@ -22,7 +22,7 @@ from pdc.runtime.engines.base import (
 from pdc.runtime.plan_types import RankId
 from pdc.runtime.pools import Capacity, RankPools
 
-from pdc.verify.reliability import family_sources, load_family
+from pdc.verify.reliability_ranks import family_sources, load_family
 
 from ..compiler.planning import plan_for
 
