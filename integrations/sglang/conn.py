@@ -153,6 +153,9 @@ class PdcKVManager(BaseKVManager):
         self.engine_name = engine_name()
         kwargs = {"hostname": _host()} if self.engine_name == "mooncake" else {}
         self.engine = make_engine(self.engine_name, **kwargs)
+        # Decode opens its endpoint at the first request for a prefill server; the engine's
+        # transport report (Mooncake: ~1 s) is asked now, at start, not then.
+        self.engine.transport()
         self.lock = threading.Lock()
         self.prefill_info_table: dict[str, _PrefillServerInfo] = {}
         self.failures = 0
@@ -224,6 +227,7 @@ class PdcKVManager(BaseKVManager):
         return False
 
     def _open_decode(self, bootstrap_addr: str) -> None:
+        t_open = time.monotonic()
         addr = _bootstrap_zmq(bootstrap_addr)
         layout = self.family.layout
         try:
@@ -241,6 +245,8 @@ class PdcKVManager(BaseKVManager):
             ep = DecodeEndpoint(layout, self.family.wire, plan, self.rank, 0, self.engine,
                                 pools, addr)
             ep.wait_ready()
+            logger.info("pdc: decode endpoint for prefill server %s (%d ranks) open in %.0f ms",
+                        bootstrap_addr, len(ep.sources), (time.monotonic() - t_open) * 1e3)
         except Exception as e:  # noqa: BLE001 - the requests for that server fail with it
             with self.lock:
                 self.endpoint_errors[bootstrap_addr] = f"cannot reach prefill server " \

@@ -272,6 +272,7 @@ class MooncakeEngine(TransferEngine):
         self._workers: dict[str, _PeerWorker] = {}
         self._lock = threading.Lock()
         self._closed = False
+        self._transport: TransportInfo | None = None  # transport(): asked once
 
     # -- memory -------------------------------------------------------------------------------
 
@@ -386,7 +387,15 @@ class MooncakeEngine(TransferEngine):
 
     def transport(self) -> TransportInfo:
         """The protocol Mooncake initialised with, and the NICs its local topology lists
-        (none on TCP: bytes go through the kernel's socket on `hostname`)."""
+        (none on TCP: bytes go through the kernel's socket on `hostname`). Mooncake's
+        topology query takes about 1 s (measured on the CPU box), and every endpoint reports
+        its transport when it opens, so the answer is kept: a serving engine that opens an
+        endpoint at its first request to a new peer asks once, at start (integrations)."""
+        if self._transport is None:
+            self._transport = self._query_transport()
+        return self._transport
+
+    def _query_transport(self) -> TransportInfo:
         nics: list[str] = []
         try:
             topo = json.loads(self._engine.get_local_topology())
