@@ -72,6 +72,7 @@ logger = logging.getLogger(__name__)
 ENGINE_ENV = "PDC_SGLANG_ENGINE"  # mooncake (default) | nixl
 DECODE_ENV = "PDC_SGLANG_DECODE"  # Note [SGLang plan]
 ENGINES = ("mooncake", "nixl")
+OPEN_WAIT_S = 0.25  # try_ensure_parallel_info waits this long for an endpoint to open
 
 # pdc's KVPoll is numbered in progress order, SGLang's puts Failed at 0: map by name.
 _POLL = {s: getattr(KVPoll, s.name) for s in PdcPoll}
@@ -178,7 +179,7 @@ class PdcKVManager(BaseKVManager):
         else:
             self.endpoints: dict[str, DecodeEndpoint] = {}
             self.endpoint_errors: dict[str, str] = {}
-            self.opening: set[str] = set()
+            self.opening: dict[str, threading.Event] = {}  # set once open or failed
             self.generations: dict[int, int] = {}
             self.receivers: dict[int, PdcKVReceiver] = {}
             self.pools_by_plan: dict[str, object] = {}
@@ -216,17 +217,24 @@ class PdcKVManager(BaseKVManager):
 
     def try_ensure_parallel_info(self, bootstrap_addr: str) -> bool:
         """True once the decode endpoint for that prefill server is open (or failed: its
-        requests then fail with the reason)."""
+        requests then fail with the reason).
+
+        SGLang asks again only a second later (decode.py `_ensure_retry_interval`), so a
+        False costs every waiting request that second: the endpoint opens on a thread, and
+        the first call waits up to OPEN_WAIT_S for it (tens of ms on the CPU box), so that
+        the usual answer is True at once while an unreachable prefill server cannot hold
+        SGLang's scheduler longer than that."""
         with self.lock:
             if bootstrap_addr in self.endpoints or bootstrap_addr in self.endpoint_errors:
                 return True
-            if bootstrap_addr not in self.opening:
-                self.opening.add(bootstrap_addr)
-                threading.Thread(target=self._open_decode, args=(bootstrap_addr,),
+            opened = self.opening.get(bootstrap_addr)
+            if opened is None:
+                opened = self.opening[bootstrap_addr] = threading.Event()
+                threading.Thread(target=self._open_decode, args=(bootstrap_addr, opened),
                                  name="pdc-sglang-open", daemon=True).start()
-        return False
+        return opened.wait(OPEN_WAIT_S)
 
-    def _open_decode(self, bootstrap_addr: str) -> None:
+    def _open_decode(self, bootstrap_addr: str, opened: threading.Event) -> None:
         t_open = time.monotonic()
         addr = _bootstrap_zmq(bootstrap_addr)
         layout = self.family.layout
@@ -245,19 +253,22 @@ class PdcKVManager(BaseKVManager):
             ep = DecodeEndpoint(layout, self.family.wire, plan, self.rank, 0, self.engine,
                                 pools, addr)
             ep.wait_ready()
-            logger.info("pdc: decode endpoint for prefill server %s (%d ranks) open in %.0f ms",
-                        bootstrap_addr, len(ep.sources), (time.monotonic() - t_open) * 1e3)
+            logger.info("pdc: decode endpoint for prefill server %s open in %.0f ms (prefill "
+                        "ranks: %d)", bootstrap_addr, (time.monotonic() - t_open) * 1e3,
+                        len(ep.sources))
         except Exception as e:  # noqa: BLE001 - the requests for that server fail with it
             with self.lock:
                 self.endpoint_errors[bootstrap_addr] = f"cannot reach prefill server " \
                     f"{bootstrap_addr}: {e}"
-                self.opening.discard(bootstrap_addr)
+                self.opening.pop(bootstrap_addr, None)
+            opened.set()
             logger.error("pdc: %s", self.endpoint_errors[bootstrap_addr])
             return
         with self.lock:
             self.endpoints[bootstrap_addr] = ep
             self.prefill_info_table[bootstrap_addr] = _PrefillServerInfo(prefill_dp)
-            self.opening.discard(bootstrap_addr)
+            self.opening.pop(bootstrap_addr, None)
+        opened.set()
 
     def next_generation(self, room: int) -> int:
         with self.lock:
