@@ -171,7 +171,7 @@ def scatter(pool, ids: np.ndarray, seg: Segment, packed) -> None:
     view[_index(pool, ids)] = packed.reshape(len(ids), seg.repeat, seg.nbytes)
 
 
-def chunk_block_ranges(blocks: list[Block], link: Link, positions, layers=None):
+def chunk_block_ranges(blocks: tuple[Block, ...], link: Link, positions, layers=None):
     """Yield (block, prefill ids, first j, count) for each contiguous j-run of a chunk."""
     # The runs depend on the component only: computed once per component, not once per block
     # (160 blocks of an 8K Llama link cost ~7 ms of numpy calls per link on a 2-core VM,

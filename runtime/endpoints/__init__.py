@@ -46,6 +46,21 @@ still drains, a newer request and a new `sender(room)` go to its successor, whic
 live when the old use retires. A use that failed before any sender attached (decode aborted
 before prefill started, a bad index) answers the first later `sender(room)` with Failed, so
 a late prefill scheduler learns of the abort instead of waiting for its deadline.
+
+Note [Typed mixins]: each endpoint is one class made of parts, one module each
+(PrefillEndpoint: PrefillHandshake, PrefillControl, PrefillLiveness, PrefillWorker,
+PrefillStaging; DecodeEndpoint: DecodeHandshake, DecodeLiveness, DecodeStaging). The parts
+work on the state the endpoint's __init__ sets and call each other's methods. For the type
+checker each part derives from its side's host (host.py: PrefillHost, DecodeHost), a class
+that declares that state with its types and, as abstract methods, the methods one part calls
+on another; at run time the base is `object` (host.py is imported under TYPE_CHECKING only),
+so the classes and their method order are what they would be without it. mypy then checks
+every use of the state in the parts, that __init__ assigns values of the declared types, that
+each part's method matches its declaration, and (abstract methods) that the endpoint has
+them all. A part that needs another attribute or another part's method declares it in
+host.py. (mypy refuses a self-type `self: PrefillEndpoint` on a class that is not a base of
+it, and with a Protocol as the host an attribute a part assigns would be a new, unchecked
+definition.)
 """
 
 from .common import REG_ROOM, KVPoll, PageState, RequestStats, check_backend

@@ -192,6 +192,7 @@ class DecodeEndpoint(DecodeHandshake, DecodeLiveness, DecodeStaging):
         self._record(rv)
 
     def _verify_checksums(self, rv: _Recv) -> str:
+        assert rv.target is not None  # every source answered the request that init() sent
         for name in sorted(rv.expected):
             st = rv.succeeded[name]
             if st.checksum is None:
@@ -286,9 +287,9 @@ class DecodeReceiver:
     def init(self, page_ids, prefix_len: int = 0, *, slot: int = -1, ring_slot: int = -1,
              aux_row: int = -1, window_page_ids=None) -> None:
         """Tell prefill where this request's state goes (decode pool ids)."""
+        window = np.asarray(window_page_ids if window_page_ids is not None else [], np.int64)
         target = DecodeTarget(np.asarray(page_ids, np.int64), prefix_len, slot, ring_slot,
-                              aux_row, np.asarray(window_page_ids if window_page_ids is not None
-                                                  else [], np.int64))
+                              aux_row, window)
         ep = self.ep
         items = staging.request_items(ep.layout, target, ep.page_size)
         with ep.lock:
@@ -309,7 +310,7 @@ class DecodeReceiver:
             ep.hub.send(name, ep.wire.encode(W.TransferRequest(
                 room=self.room, generation=self.generation, decode_rank=ep.rank,
                 dst_page_ids=target.page_ids, decode_prefix_tokens=prefix_len, slot=slot,
-                ring_slot=ring_slot, aux_row=aux_row, window_page_ids=target.window_page_ids,
+                ring_slot=ring_slot, aux_row=aux_row, window_page_ids=window,
                 staging_addr=addr, staging_bytes=nbytes)))
 
     def poll(self) -> KVPoll:

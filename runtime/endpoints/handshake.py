@@ -4,6 +4,7 @@ checks them against the plan before it accepts any request (Note [Registration r
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,6 +25,11 @@ from .common import (
 from .records import _Peer
 from .states import TERMINAL
 
+if TYPE_CHECKING:
+    from .host import DecodeHost, PrefillHost
+else:  # Note [Typed mixins]: the hosts are for the type checker only
+    PrefillHost = DecodeHost = object
+
 
 def _check_target(layout: FamilyLayout, remote: dict, t: DecodeTarget) -> str:
     """Every id of a decode request against the capacities that decode registered."""
@@ -35,7 +41,8 @@ def _check_target(layout: FamilyLayout, remote: dict, t: DecodeTarget) -> str:
         if comp.index == "page":
             ids, what = t.page_ids, "page"
         elif comp.index == "window":
-            ids, what = t.window_page_ids, "window page"
+            ids = t.window_page_ids if t.window_page_ids is not None else np.array([], np.int64)
+            what = "window page"
         elif comp.index == "slot":
             ids, what = np.array([t.slot]), "slot"
         elif comp.index == "aux":
@@ -50,7 +57,7 @@ def _check_target(layout: FamilyLayout, remote: dict, t: DecodeTarget) -> str:
     return ""
 
 
-class PrefillHandshake:
+class PrefillHandshake(PrefillHost):
     """Registrations arriving at a prefill rank (hub thread); part of PrefillEndpoint."""
 
     def _validate_register(self, msg) -> str:
@@ -144,7 +151,7 @@ class PrefillHandshake:
         return peer
 
 
-class DecodeHandshake:
+class DecodeHandshake(DecodeHost):
     """A decode rank's registration with its prefill ranks; part of DecodeEndpoint."""
 
     def wait_ready(self, timeout_s: float | None = None) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from .. import knobs
 from .. import wire as W
@@ -16,6 +17,11 @@ from .common import (
     PageState,
 )
 from .states import TERMINAL
+
+if TYPE_CHECKING:
+    from .host import DecodeHost, PrefillHost
+else:  # Note [Typed mixins]: the hosts are for the type checker only
+    PrefillHost = DecodeHost = object
 
 # Note [Peer liveness]: of a gap between two control ticks, the part that counts as a peer's
 # silence (the hub ticks every ~50 ms while it runs; 5x that is a thread held elsewhere).
@@ -83,7 +89,7 @@ class Liveness:
         return stalled, died
 
 
-class PrefillLiveness:
+class PrefillLiveness(PrefillHost):
     """Heartbeats to decode peers; a silent peer fails the requests that wait on it. Part of
     PrefillEndpoint."""
 
@@ -111,7 +117,7 @@ class PrefillLiveness:
                         r.fail(f"decode peer {p.name} silent for {dead_after} s")
 
 
-class DecodeLiveness:
+class DecodeLiveness(DecodeHost):
     """Heartbeats to prefill peers, deadlines, silent peers and reconnects (Note [Frozen
     decode]). Part of DecodeEndpoint."""
 

@@ -76,7 +76,7 @@ class PrefillEndpoint(PrefillHandshake, PrefillControl, PrefillLiveness, Prefill
         self.finished: OrderedDict[int, _Final] = OrderedDict()
         # Streaming sends every real layer and every sentinel once the forward is done.
         self._all_ids = {i for i, _ in layout.kind_of} | {
-            c.sentinel for c in layout.components if c.request_wide}
+            c.sentinel for c in layout.components if c.request_wide and c.sentinel is not None}
         # (event, mark, [(use, its streaming chunks)]) of layer_done / forward_done calls whose
         # CUDA event had not completed yet, in call order
         self._waiting_events: list = []

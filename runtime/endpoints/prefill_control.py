@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -21,8 +22,13 @@ from .handshake import _check_target
 from .records import _Final, _Peer, _Room, _Target
 from .states import TERMINAL, advanced
 
+if TYPE_CHECKING:
+    from .host import PrefillHost
+else:  # Note [Typed mixins]: the hosts are for the type checker only
+    PrefillHost = object
 
-class PrefillControl:
+
+class PrefillControl(PrefillHost):
     """Part of PrefillEndpoint (prefill.py), whose state these methods use."""
 
     def _reply(self, identity: bytes, msg) -> None:

@@ -4,6 +4,7 @@ use of a room forward, issues its writes, and retires it."""
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -25,8 +26,13 @@ from .common import (
 from .records import _Chunk, _Final, _Peer, _Room, _Target
 from .states import TERMINAL, advanced
 
+if TYPE_CHECKING:
+    from .host import PrefillHost
+else:  # Note [Typed mixins]: the hosts are for the type checker only
+    PrefillHost = object
 
-class PrefillWorker:
+
+class PrefillWorker(PrefillHost):
     """Part of PrefillEndpoint (prefill.py), whose state these methods use."""
 
     def _peers_of(self, r: _Room) -> list[tuple[RankId, _Peer | None]]:
@@ -94,6 +100,7 @@ class PrefillWorker:
             return False  # waiting for decode registration or its TransferRequest
         for d, p in peers:
             if r.targets[d].peer is not p:
+                assert p is not None  # with a peer not registered, it returned above
                 with self.lock:
                     r.fail(f"decode rank {p.name} registered again (restarted); requests of "
                            "its previous incarnation fail")
@@ -234,6 +241,7 @@ class PrefillWorker:
     def _digest_chunk(self, r: _Room, c: _Chunk) -> None:
         """Add a complete chunk's source bytes to each link's digest (Note [Link digest])."""
         for d, t in r.targets.items():
+            assert r.generation is not None  # set by the TransferRequest that made the target
             pairs = self._pairs(c, d, t)
             part = integrity.link_digest(r.room, r.generation, self.links[d], self.pools.view,
                                          pairs, "src")
@@ -246,11 +254,13 @@ class PrefillWorker:
             r.state = KVPoll.Success
             r.stats.t_done = time.monotonic()
             parked = self._retire(r)
-            sends = [(t.identity, self._status(
-                r.room, r.generation, KVPoll.Success, bytes_written=r.bytes_to.get(d, 0),
-                checksum=r.digests.get(d, 0) if r.checksum else None,
-                page_start=r.last_range[0], page_count=r.last_range[1]))
-                for d, t in r.targets.items()]
+            sends = []
+            for d, t in r.targets.items():
+                assert r.generation is not None  # set by the TransferRequest of the target
+                sends.append((t.identity, self._status(
+                    r.room, r.generation, KVPoll.Success, bytes_written=r.bytes_to.get(d, 0),
+                    checksum=r.digests.get(d, 0) if r.checksum else None,
+                    page_start=r.last_range[0], page_count=r.last_range[1])))
             self.counters["succeeded"] += 1
         self._free_gather_buffers(r, drained=True)
         for ident, st in sends:
@@ -270,7 +280,7 @@ class PrefillWorker:
             parked = self._retire(r)
             reason = r.reason or "failed"
             gen = r.generation
-            sends = []
+            sends: list[tuple[bytes, W.AbortAck | W.Status]] = []
             for d, p in self._peers_of(r):
                 if d in r.aborted_by:
                     ident, agen = r.aborted_by[d]

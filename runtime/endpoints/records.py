@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
-from .. import knobs
+from .. import knobs, staging
 from ..indices import (
     DecodeTarget,
     PrefillChunk,
@@ -58,8 +59,8 @@ class _Staged:
 
     remote_addr: int  # decode's region
     nbytes: int
-    blocks: list  # staging.Block
-    local: object = None  # this rank's gather buffer (numpy or torch bytes), region layout
+    blocks: tuple[staging.Block, ...]
+    local: Any = None  # this rank's gather buffer (numpy or torch bytes), region layout
     arena_offset: int | None = None  # where `local` sits in the arena; None: its own buffer
 
 

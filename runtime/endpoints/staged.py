@@ -4,6 +4,8 @@ their scatter into the pools."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from .. import knobs, staging
@@ -16,6 +18,11 @@ from ..indices import (
 from ..plan_types import RankId
 from ..pools import RankPools, address
 from .records import _Chunk, _Peer, _Recv, _Room, _Staged, _Target
+
+if TYPE_CHECKING:
+    from .host import DecodeHost, PrefillHost
+else:  # Note [Typed mixins]: the hosts are for the type checker only
+    PrefillHost = DecodeHost = object
 
 
 def _launches(pools: RankPools, layout) -> staging.Launches | None:
@@ -52,7 +59,7 @@ def _deregister_arena(engine: TransferEngine, arena: staging.Arena | None) -> No
         pass  # the engine is already closed
 
 
-class PrefillStaging:
+class PrefillStaging(PrefillHost):
     """The staged path of a prefill rank; part of PrefillEndpoint (prefill.py), whose state
     these methods use."""
 
@@ -76,6 +83,7 @@ class PrefillStaging:
         """Pack the chunk's pieces of the link's partial entries into this rank's gather
         buffer at their staging offsets; one descriptor per contiguous stretch of it."""
         st = t.staged
+        assert st is not None  # _submit gathers for staged targets only
         if st.local is None:
             self._reserve_gather_buffer(st)
         base = address(st.local)
@@ -86,7 +94,8 @@ class PrefillStaging:
         if self.launches is not None:
             offs_a, lens_a = self.launches.gather_chunk(link, st.blocks, self.pools.view,
                                                         positions, layers, st.local)
-            if len(offs_a) and not self.engine.orders_after(self.pools.device):
+            # Launches exist for device pools only (_launches), so the pools have a device.
+            if len(offs_a) and not self.engine.orders_after(getattr(self.pools, "device", None)):
                 self.pools.sync()  # the engine reads the gather buffer once it is submitted
             return staging.merge_descriptors(base + offs_a, st.remote_addr + offs_a, lens_a)
         # Blocks of one component share the chunk's runs of items: (component, j0, n) -> (ids,
@@ -114,10 +123,11 @@ class PrefillStaging:
                                          np.asarray(lens, np.int64))
 
     def _reserve_gather_buffer(self, st: _Staged) -> None:
-        off = self.arena.alloc(st.nbytes) if self.arena is not None else None
-        if off is not None:
-            st.local, st.arena_offset = self.arena.view(off, st.nbytes), off
-            return
+        if self.arena is not None:
+            off = self.arena.alloc(st.nbytes)
+            if off is not None:
+                st.local, st.arena_offset = self.arena.view(off, st.nbytes), off
+                return
         # The arena is full (or off): a buffer of its own, registered for this request only.
         self.counters["staging_own_buffers"] += 1
         st.local = self.pools.new_bytes(max(st.nbytes, 1), zeroed=False)
@@ -133,13 +143,14 @@ class PrefillStaging:
             if not drained:
                 self.counters["staging_bytes_stranded"] += st.nbytes
             elif st.arena_offset is not None:
+                assert self.arena is not None  # the offset is one of its regions
                 self.arena.release(st.arena_offset, st.nbytes)
             else:
                 self.engine.deregister(address(st.local))
             st.local = None
 
 
-class DecodeStaging:
+class DecodeStaging(DecodeHost):
     """The staged path of a decode rank; part of DecodeEndpoint (decode.py), whose state these
     methods use. Caller holds the lock."""
 
@@ -164,6 +175,8 @@ class DecodeStaging:
         they reported Success); returns why it could not."""
         if not rv.staged:
             return ""
+        # A staged request was init()ed (its target set) and reserved its regions in the arena.
+        assert rv.target is not None and self.arena is not None
         ids = staging.target_ids(self.layout, rv.target, self.page_size)
         try:
             for name, (off, nbytes, blocks) in rv.staged.items():
@@ -191,5 +204,6 @@ class DecodeStaging:
 
     def _free_staging(self, rv: _Recv) -> None:
         for off, nbytes, _ in rv.staged.values():
+            assert self.arena is not None  # the regions are its own
             self.arena.release(off, nbytes)
         rv.staged.clear()
