@@ -20,6 +20,7 @@ import threading
 import time
 import uuid
 import weakref
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -35,7 +36,13 @@ from .base import (
     check_region,
 )
 
-torch = None  # the torch module, set by _device_modules()
+if TYPE_CHECKING:
+    # Every use of `torch` below is in a method of an engine, whose __init__ loaded it.
+    import torch
+
+    from .cuda_ipc import _IpcPeer
+else:
+    torch = None  # the torch module, set by _device_modules()
 
 # Device engines of this process by token; connect() finds its peer here.
 _LIVE: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
@@ -102,7 +109,8 @@ class LocalDeviceEngine(TransferEngine):
         self._cuda = dev.type == "cuda"
         self._regions = RegionTable()
         self._views: dict[int, object] = {}  # region start -> uint8 tensor over the region
-        self._peers: dict[str, _DevicePeer] = {}
+        # Engines of this process; a CudaIpcEngine's also holds those of other processes.
+        self._peers: dict[str, _DevicePeer | _IpcPeer] = {}
         self._lock = threading.Lock()
         self._closed = False
         self._token = uuid.uuid4().hex
@@ -195,7 +203,7 @@ class LocalDeviceEngine(TransferEngine):
             self._peers[peer] = _DevicePeer(engine, device, ranges)
         return peer
 
-    def _peer(self, peer: str) -> _DevicePeer:
+    def _peer(self, peer: str) -> _DevicePeer | _IpcPeer:
         target = self._peers.get(peer)
         if target is None:
             raise TransferError(f"local: unknown peer {peer!r}; connect() it first")
