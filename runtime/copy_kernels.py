@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 import triton.language as tl
@@ -211,7 +212,8 @@ class EntryTable:
                 raise ValueError(f"entries[{i}].pool is on {entry.device}, expected {dev}")
         self.entries = entries
         self.device = dev
-        self.capacities = tuple(int(e.capacity) for e in entries)
+        # Entry.__post_init__ sets every capacity it was not given (from the pool's bytes).
+        self.capacities = tuple(cast(int, e.capacity) for e in entries)
         self.packed_bytes = tuple(e.spec.packed_bytes for e in entries)
         self.max_seg_bytes = max((e.spec.seg_bytes for e in entries), default=0)
         self.max_repeat = max((e.spec.repeat for e in entries), default=0)
@@ -476,12 +478,12 @@ def _reference_views(
     table = entries if isinstance(entries, EntryTable) else EntryTable(entries)
     offsets = table.staging_offsets(n) if staging_offsets is None else list(staging_offsets)
     flat = staging.reshape(-1).view(torch.uint8)
-    for entry, offset in zip(table.entries, offsets, strict=True):
+    for entry, capacity, offset in zip(table.entries, table.capacities, offsets, strict=True):
         if not isinstance(entry.pool, torch.Tensor):
             raise ValueError("the torch references need tensor pools, not addresses")
         s = entry.spec
-        items = entry.pool.reshape(-1).view(torch.uint8)[: entry.capacity * s.item_bytes]
-        items = items.view(entry.capacity, s.item_bytes)
+        items = entry.pool.reshape(-1).view(torch.uint8)[: capacity * s.item_bytes]
+        items = items.view(capacity, s.item_bytes)
         starts = s.seg_offset + s.seg_stride * torch.arange(s.repeat, device=items.device)
         cols = (starts[:, None] + torch.arange(s.seg_bytes, device=items.device)[None, :]).reshape(-1)
         yield items, cols, flat[offset: offset + n * s.packed_bytes].view(n, s.packed_bytes)

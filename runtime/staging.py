@@ -318,11 +318,11 @@ class Launches:
                 by_component.setdefault(e.component, []).append(b)
         groups = {}
         for comp, bs in by_component.items():
-            entries, capacity = [], None
+            entries, capacities = [], []
             for b in bs:
                 e, sg = link.entries[b.entry], b.segment
                 pool = view(comp, e.src_pos if side == "src" else e.dst_pos)
-                capacity = pool.shape[0] if capacity is None else min(capacity, pool.shape[0])
+                capacities.append(pool.shape[0])
                 entries.append(K.Entry(pool, K.SegmentSpec.of(sg, pool.shape[1], side)))
             table = K.EntryTable(entries)
             offsets = np.array([b.offset for b in bs], np.int64)
@@ -330,7 +330,7 @@ class Launches:
             items = bs[0].items
             dense = bool(np.array_equal(offsets - offsets[0],
                                         items * np.asarray(table.prefix_bytes, np.int64)))
-            groups[comp] = _Group(comp, table, int(capacity), items, offsets, total,
+            groups[comp] = _Group(comp, table, int(min(capacities)), items, offsets, total,
                                   int(total.sum()), int(offsets[0]) if dense else -1)
         with self._lock:
             self.tables[key] = (blocks, groups)
