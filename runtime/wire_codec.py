@@ -30,8 +30,10 @@ from .wire_messages import (
     Abort,
     AbortAck,
     Heartbeat,
+    KVPoll,
     Message,
     MessageType,
+    PeerSide,
     RegEntry,
     Register,
     Section,
@@ -41,6 +43,7 @@ from .wire_messages import (
     WireError,
     _check_entry_order,
     _check_sections,
+    _enum,
     _names,
     _uint,
 )
@@ -292,9 +295,9 @@ def _read_register(r: Reader, components: Sequence[WireComponent]) -> Register:
                 raise WireError(f"{at}.entries[{j}].{e.field.removeprefix('RegEntry.')}",
                                 e.reason) from None
         sections.append(Section(component=comp.name, entries=tuple(entries)))
-    return Register(side=side, dp_group=dp_group, rank=rank, page_size=page_size,
-                    plan_digest=digest, agent_info=agent, control_endpoint=endpoint,
-                    sections=tuple(sections), staging_addr=staging_addr,
+    return Register(side=_enum("Register.side", side, PeerSide), dp_group=dp_group, rank=rank,
+                    page_size=page_size, plan_digest=digest, agent_info=agent,
+                    control_endpoint=endpoint, sections=tuple(sections), staging_addr=staging_addr,
                     staging_bytes=staging_bytes)
 
 
@@ -360,7 +363,8 @@ def _read_status(r: Reader, _c: object) -> Status:
     nbytes = r.u64("Status.bytes_written")
     checksum = r.u64("Status.checksum") if r.flag("Status.has_checksum") else None
     reason = r.text("Status.reason", MAX_REASON_BYTES)
-    return Status(room=room, generation=generation, prefill_rank=rank, state=state,
+    return Status(room=room, generation=generation, prefill_rank=rank,
+                  state=_enum("Status.state", state, KVPoll),
                   chunk_id=chunk_id, page_start=page_start, page_count=page_count,
                   bytes_written=nbytes, checksum=checksum, reason=reason)
 
@@ -402,10 +406,12 @@ def _write_heartbeat(w: Writer, m: Heartbeat, _c: object) -> None:
 
 
 def _read_heartbeat(r: Reader, _c: object) -> Heartbeat:
-    return Heartbeat(side=r.u8("Heartbeat.side"),
-                     rank=RankId(r.u16("Heartbeat.rank.pp"), r.u16("Heartbeat.rank.tp")),
-                     sequence=r.u64("Heartbeat.sequence"),
-                     monotonic_ns=r.u64("Heartbeat.monotonic_ns"))
+    side = r.u8("Heartbeat.side")  # checked after every read: a short body is reported first
+    rank = RankId(r.u16("Heartbeat.rank.pp"), r.u16("Heartbeat.rank.tp"))
+    sequence = r.u64("Heartbeat.sequence")
+    monotonic_ns = r.u64("Heartbeat.monotonic_ns")
+    return Heartbeat(side=_enum("Heartbeat.side", side, PeerSide), rank=rank,
+                     sequence=sequence, monotonic_ns=monotonic_ns)
 
 
 _Codec = tuple[MessageType, Callable[..., None], Callable[..., Any]]

@@ -8,7 +8,7 @@ import operator
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypeVar
 
 import numpy as np
 
@@ -123,7 +123,10 @@ def _flag(name: str, value: object) -> bool:
     return bool(value)
 
 
-def _enum(name: str, value: object, cls: type[enum.IntEnum]) -> Any:
+_E = TypeVar("_E", bound=enum.IntEnum)
+
+
+def _enum(name: str, value: object, cls: type[_E]) -> _E:
     v = _int(name, value)
     try:
         return cls(v)
@@ -467,6 +470,10 @@ class WireComponent:
         object.__setattr__(self, "_tensor_index", {t: i for i, t in enumerate(self.tensors)})
         object.__setattr__(self, "_layer_set", frozenset(self.layer_ids))
 
+    def entry_order(self, e: RegEntry) -> tuple[int, int]:
+        """Where `e` goes in a section of this component: tensor-major, then by layer id."""
+        return self._tensor_index[e.tensor], e.layer_id
+
     @property
     def max_entries(self) -> int:
         """Entries one rank can register: every (tensor, layer) at most once."""
@@ -547,8 +554,7 @@ def registration_sections(components: Sequence[WireComponent],
                 raise WireError(f"sections[{i}].entries[{j}].tensor",
                                 f"{e.tensor!r} is not a tensor of {comp.name!r} "
                                 f"({', '.join(comp.tensors)})")
-        ordered = tuple(sorted(entries, key=lambda e, c=comp: (c._tensor_index[e.tensor],
-                                                                e.layer_id)))
+        ordered = tuple(sorted(entries, key=comp.entry_order))
         sections.append(Section(component=comp.name, entries=ordered))
     out = tuple(sections)
     _check_sections(out, components, "sections")
