@@ -36,6 +36,7 @@ def _component_layout(c: Component) -> ComponentLayout:
         c.name, c.index.value, c.ring_rows, c.window_tokens, c.tensors, c.layer_ids, c.sentinel,
         c.request_wide, c.item.dtype, c.item.dtype_bytes, c.item.shape, c.item.nbytes, geom,
         c.send.value, c.stages, str(c.loc), on_prefix_hit=c.on_prefix_hit, holds=c.holds,
+        pitch=c.item.pitch,
     )
 
 

@@ -13,6 +13,7 @@ params environment that the schema cannot see.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import enum
 from collections import deque
@@ -116,6 +117,7 @@ class Item:
     dtype: str  # resolved: always one of DTYPE_BYTES
     loc: Location
     dtype_text: str = ""  # as written, when it names a `dtypes` entry ("model")
+    pitch: int = 0  # bytes between items' starts in the engine's memory at TP 1; 0 = nbytes
 
     @property
     def dtype_bytes(self) -> int:
@@ -542,6 +544,10 @@ class _Parser:
                              f"the limit of {MAX_ITEM_BYTES} (16 MiB)", _LIMIT_HINT)
             shape_ok = False
 
+        if "pitch" in item_raw:
+            item = self.pitch(name, item_raw["pitch"], item, index, shape_ok,
+                              base + ("item", "pitch"))
+
         shard = None
         if raw["tp"] != "replicated" and shape_ok:
             shard = self.shard(name, raw["tp"], item, base + ("tp",))
@@ -596,6 +602,34 @@ class _Parser:
         return Component(name, layer_ids, request_wide, sentinel, index, ring_rows, window,
                          tensors, item, shard, send, stages, loc, raw.get("why", ""),
                          on_prefix_hit, holds)
+
+    def pitch(self, name: str, raw, item: Item, index: IndexKind, shape_ok: bool,
+              path: tuple) -> Item:
+        """Note [Item pitch]: an engine may keep a slot's state inside a larger block, so
+        that consecutive items start `pitch` bytes apart, not `item.nbytes` (vLLM's hybrid
+        cache pads each mamba block to the attention page). The state still moves as one
+        item of its own bytes; only the address of item i changes (base + i * pitch), on
+        both sides, so the pitch is the spec's, never the wire's. Only slot-indexed state
+        may have one: a request moves one slot item per layer, while runs of pages would
+        stop being one descriptor."""
+        loc = self.doc.loc(path)
+        value = self.eval(raw, path, f"pitch of '{name}'")
+        if value is None:
+            return item
+        if index is not IndexKind.SLOT:
+            self.diags.error(loc, f"component '{name}' sets an item pitch but is indexed by "
+                                  f"{index.value}",
+                             "only slot-indexed state moves one item per request and layer; "
+                             "a run of pitched pages would not be one descriptor; remove "
+                             "`pitch`")
+            return item
+        if shape_ok and value < item.nbytes:
+            self.diags.error(loc, f"pitch of component '{name}' is {value} bytes, less than "
+                                  f"its item of {item.nbytes} bytes",
+                             "the pitch is the distance from one item's start to the next "
+                             "in the engine's memory, so at least one item")
+            return item
+        return dataclasses.replace(item, pitch=value)
 
     def shard(self, name: str, raw: dict, item: Item, path: tuple) -> Shard | None:
         target = raw["shard"]

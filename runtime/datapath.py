@@ -35,6 +35,11 @@ class RemoteBuffer:
     base: int
     item_bytes: int
     capacity: int
+    pitch: int = 0  # bytes from item i to i + 1, from the layout (Note [Item pitch]); 0: packed
+
+    @property
+    def stride(self) -> int:
+        return self.pitch or self.item_bytes
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,11 @@ class LocalBuffer:
     base: int
     item_bytes: int
     capacity: int
+    pitch: int = 0
+
+    @property
+    def stride(self) -> int:
+        return self.pitch or self.item_bytes
 
 
 @dataclass
@@ -133,12 +143,12 @@ def build_descriptors(link: Link, local: dict[str, list[LocalBuffer]],
             check_capacity(dst_ids, rb.capacity, f"decode '{e.component}'")
             runs_cache[e.component] = contiguous_runs(src_ids, dst_ids)
         if e.whole_item:
-            group = whole.setdefault(e.component, ([], [], lb.item_bytes, rb.item_bytes))
+            group = whole.setdefault(e.component, ([], [], lb, rb))
             group[0].append(lb.base)
             group[1].append(rb.base)
             continue
-        s_items = lb.base + src_ids * lb.item_bytes
-        d_items = rb.base + dst_ids * rb.item_bytes
+        s_items = lb.base + src_ids * lb.stride
+        d_items = rb.base + dst_ids * rb.stride
         for seg in e.segments:
             k = np.arange(seg.repeat, dtype=np.int64)
             so = seg.src_offset + k * seg.src_stride
@@ -146,13 +156,18 @@ def build_descriptors(link: Link, local: dict[str, list[LocalBuffer]],
             srcs.append((s_items[:, None] + so[None, :]).reshape(-1))
             dsts.append((d_items[:, None] + do[None, :]).reshape(-1))
             lens.append(np.full(len(src_ids) * seg.repeat, seg.nbytes, np.int64))
-    for comp, (s_bases, d_bases, s_item, d_item) in whole.items():
+    for comp, (s_bases, d_bases, lb, rb) in whole.items():
         ss, ds, n = runs_cache[comp]
+        if (lb.stride != lb.item_bytes or rb.stride != rb.item_bytes) and len(n) and \
+                int(n.max()) > 1:
+            # Only slot state has a pitch (Note [Item pitch]): one item per request.
+            raise IndexError_(f"component '{comp}' has pitched items but moves a run of "
+                              f"{int(n.max())}; only one item per request may be pitched")
         sb = np.asarray(s_bases, np.int64)[:, None]
         db = np.asarray(d_bases, np.int64)[:, None]
-        srcs.append((sb + (ss * s_item)[None, :]).reshape(-1))
-        dsts.append((db + (ds * d_item)[None, :]).reshape(-1))
-        lens.append(np.broadcast_to(n * s_item, (len(s_bases), len(n))).reshape(-1))
+        srcs.append((sb + (ss * lb.stride)[None, :]).reshape(-1))
+        dsts.append((db + (ds * rb.stride)[None, :]).reshape(-1))
+        lens.append(np.broadcast_to(n * lb.item_bytes, (len(s_bases), len(n))).reshape(-1))
     if not srcs:
         empty = np.zeros(0, np.uint64)
         return Descriptors(empty, empty.copy(), empty.copy())

@@ -106,6 +106,9 @@ class ComponentLayout:
     # that are logical positions (sent as bytes); "kv_slots" = integers that are physical
     # token slots of the KV page pool (page id * page_size + offset; < 0 padding), remapped.
     holds: str = "data"
+    # Bytes from one item's start to the next in the engine's memory at TP 1 (Note [Item
+    # pitch] in compiler/model.py); 0: items are packed, item_bytes apart. Slot state only.
+    pitch: int = 0
 
     def prefix_pages(self, prefix_tokens: int, page_size: int) -> int:
         """Pages at the start of a request that decode holds already for this component.
@@ -125,6 +128,22 @@ class ComponentLayout:
             return self.item_bytes
         s = self.shard
         return s.outer * s.local_axis(tp) * s.inner_bytes
+
+    def pitch_at(self, tp: int) -> int:
+        """Bytes between consecutive items' starts on a rank of attention TP `tp`: the pitch
+        shrinks with the item's shard (an engine that shards the state shards its block)."""
+        return self.pitch_for(self.item_bytes_at(tp))
+
+    def pitch_for(self, item: int) -> int:
+        """The pitch of this component's items of `item` bytes (one rank's shard)."""
+        if not self.pitch:
+            return item
+        scaled, rest = divmod(self.pitch * item, self.item_bytes)
+        if rest:
+            raise ValueError(f"{self.loc}: error: component '{self.name}' has a pitch of "
+                             f"{self.pitch} B for {self.item_bytes} B items, which does not "
+                             f"scale to its {item} B items on a rank of this TP")
+        return scaled
 
     def entries_for(self, layer_ids) -> tuple[EntryKey, ...]:
         """Registered entries for a rank holding `layer_ids` (tensor-major, then id)."""

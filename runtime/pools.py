@@ -51,6 +51,11 @@ class Buffer:
     offset: int  # bytes from the arena start (EnginePools: the address; its base is 0)
     item_bytes: int
     capacity: int  # items
+    pitch: int = 0  # bytes from item i to item i + 1 (Note [Item pitch]); 0: item_bytes
+
+    @property
+    def stride(self) -> int:
+        return self.pitch or self.item_bytes
 
 
 class RankPools:
@@ -65,9 +70,10 @@ class RankPools:
             comp = layout.component(name)
             cap = capacity.items(comp)
             bufs = []
+            pitch = comp.pitch_for(item_bytes)
             for tensor, layer_id in entries:
-                bufs.append(Buffer(name, tensor, layer_id, offset, item_bytes, cap))
-                offset += -(-(item_bytes * cap) // ALIGN) * ALIGN
+                bufs.append(Buffer(name, tensor, layer_id, offset, item_bytes, cap, pitch))
+                offset += -(-(pitch * cap) // ALIGN) * ALIGN
             self.buffers[name] = bufs
         self.nbytes = max(offset, ALIGN)
         self.arena = self.new_bytes(self.nbytes)
@@ -87,10 +93,12 @@ class RankPools:
         """Wait until copies issued on these pools' memory have finished (host: nothing)."""
 
     def view(self, component: str, pos: int) -> np.ndarray:
-        """[capacity, item_bytes] uint8 view of one buffer."""
+        """[capacity, item_bytes] uint8 view of one buffer (rows `stride` bytes apart)."""
         b = self.buffers[component][pos]
-        flat = self.arena[b.offset:b.offset + b.item_bytes * b.capacity]
-        return flat.reshape(b.capacity, b.item_bytes)
+        flat = self.arena[b.offset:b.offset + b.stride * b.capacity]
+        if b.stride == b.item_bytes:
+            return flat.reshape(b.capacity, b.item_bytes)
+        return _rows(flat, b.capacity, b.item_bytes, b.stride)
 
     def address(self, component: str, pos: int) -> int:
         return self.base + self.buffers[component][pos].offset
@@ -168,10 +176,11 @@ class EnginePools(RankPools):
                         f"  hint: the engine's model must have the layers the spec declares "
                         f"({layout.spec_path})")
                 t = tensors[key]
-                cap, base = _check_item_tensor(comp, item_bytes, tp, t, label(key))
+                pitch = comp.pitch_for(item_bytes)
+                cap, base = _check_item_tensor(comp, item_bytes, pitch, tp, t, label(key))
                 self._tensors[(name, len(bufs))] = t
-                bufs.append(Buffer(name, tensor, layer_id, base, item_bytes, cap))
-                spans.append((base, base + cap * item_bytes))
+                bufs.append(Buffer(name, tensor, layer_id, base, item_bytes, cap, pitch))
+                spans.append((base, base + (cap - 1) * pitch + item_bytes))
                 dev = _device_of(t)
                 if self.device is None or dev.type != "cpu":
                     self.device = dev
@@ -209,9 +218,12 @@ class EnginePools(RankPools):
         b = self.buffers[component][pos]
         t = self._tensors[(component, pos)]
         if isinstance(t, np.ndarray):
+            if b.stride != b.item_bytes:  # numpy's reshape would copy a strided array
+                return _rows(t, b.capacity, b.item_bytes, b.stride)
             return t.reshape(b.capacity, -1).view(np.uint8).reshape(b.capacity, b.item_bytes)
         import torch
 
+        # Items are contiguous inside (checked at registration), so these stay views.
         u8 = t.reshape(b.capacity, -1).view(torch.uint8).reshape(b.capacity, b.item_bytes)
         return u8.numpy() if u8.device.type == "cpu" else u8
 
@@ -233,8 +245,16 @@ def _dtype_name(t) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
-def _check_item_tensor(comp: ComponentLayout, item_bytes: int, tp: int, t, what: str):
-    """(capacity, address) of an engine tensor whose first axis indexes `comp`'s items."""
+def _rows(buf: np.ndarray, rows: int, row_bytes: int, stride: int) -> np.ndarray:
+    """[rows, row_bytes] uint8 view of the memory from `buf`'s first byte, rows `stride`
+    bytes apart (its last axis is contiguous: checked at registration)."""
+    return np.lib.stride_tricks.as_strided(buf.view(np.uint8), (rows, row_bytes), (stride, 1))
+
+
+def _check_item_tensor(comp: ComponentLayout, item_bytes: int, pitch: int, tp: int, t,
+                       what: str):
+    """(capacity, address) of an engine tensor whose first axis indexes `comp`'s items,
+    `pitch` bytes apart (Note [Item pitch])."""
     shape = tuple(int(n) for n in t.shape)
     local = list(comp.shape)
     if comp.shard is not None:
@@ -262,11 +282,13 @@ def _check_item_tensor(comp: ComponentLayout, item_bytes: int, tp: int, t, what:
             break
         contiguous *= n
     else:
-        if shape[0] == 1 or strides[0] == item_bytes:
+        if shape[0] == 1 or strides[0] == pitch:
             base = int(t.ctypes.data) if isinstance(t, np.ndarray) else int(t.data_ptr())
             return shape[0], base
+    apart = f"{item_bytes} B items" if pitch == item_bytes else \
+        f"{item_bytes} B items {pitch} B apart (the spec's pitch)"
     raise RegistrationMismatch(
-        f"{comp.loc}: error: {what} is not a run of contiguous {item_bytes} B items (byte "
+        f"{comp.loc}: error: {what} is not a run of contiguous {apart} (byte "
         f"strides {list(strides)}); {plan_side}\n"
         f"  hint: register the engine's whole cache tensor, one item per block")
 

@@ -141,12 +141,13 @@ def target_ids(layout: FamilyLayout, target: DecodeTarget, page_size: int) -> di
 def _pieces(pool, offset: int, nbytes: int, repeat: int, stride: int):
     """[capacity, repeat, nbytes] writable view of the segment pieces of every item (a numpy
     array, or a torch tensor for device pools)."""
-    cap, item_bytes = pool.shape
-    strides = (item_bytes, stride if repeat > 1 else 0, 1)
+    cap = pool.shape[0]
+    # Rows are the pool's own stride apart: an item pitch (Note [Item pitch]) keeps them apart.
+    row = pool.strides[0] if isinstance(pool, np.ndarray) else pool.stride(0)
+    strides = (row, stride if repeat > 1 else 0, 1)
     if isinstance(pool, np.ndarray):
-        return np.lib.stride_tricks.as_strided(pool.reshape(-1)[offset:],
-                                               shape=(cap, repeat, nbytes), strides=strides,
-                                               writeable=True)
+        return np.lib.stride_tricks.as_strided(pool[:, offset:], shape=(cap, repeat, nbytes),
+                                               strides=strides, writeable=True)
     return pool.as_strided((cap, repeat, nbytes), strides, pool.storage_offset() + offset)
 
 

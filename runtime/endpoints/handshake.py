@@ -113,7 +113,8 @@ class PrefillHandshake(PrefillHost):
         self.engine_peers.add(msg.agent_info)
         remote = {
             comp.name: [RemoteBuffer(e.layer_id, comp.tensors.index(e.tensor), e.base_addr,
-                                     e.item_bytes, e.capacity_items)
+                                     e.item_bytes, e.capacity_items,
+                                     comp.pitch_for(e.item_bytes))
                         for e in section.entries]
             for comp, section in zip(self.layout.components, msg.sections, strict=True)
         }

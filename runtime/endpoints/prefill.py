@@ -62,7 +62,7 @@ class PrefillEndpoint(PrefillHandshake, PrefillControl, PrefillLiveness, Prefill
         self._slot_valued = [c for c in layout.components if c.holds == "kv_slots"]
         self.links = {lk.decode: lk for lk in plan.links_from(rank)}
         self.local = {
-            name: [LocalBuffer(pools.address(name, i), b.item_bytes, b.capacity)
+            name: [LocalBuffer(pools.address(name, i), b.item_bytes, b.capacity, b.pitch)
                    for i, b in enumerate(bufs)]
             for name, bufs in pools.buffers.items()
         }
