@@ -38,30 +38,69 @@ def _engine(args):
                               kv_connector_extra_config=extra)
     ea = EngineArgs(model=args.model, skip_tokenizer_init=True, enforce_eager=True,
                     block_size=args.block_size, max_model_len=args.max_model_len,
-                    gpu_memory_utilization=0.1, enable_prefix_caching=True,
+                    gpu_memory_utilization=0.1, enable_prefix_caching=not is_hybrid(args.family),
                     tensor_parallel_size=args.tp, kv_transfer_config=kv, seed=0,
                     max_num_seqs=16, disable_log_stats=True)
     return LLMEngine.from_engine_args(ea)
 
 
-def make_model(out_dir: str, family: str, seed: int = 0) -> None:
-    """A random-weight Llama whose cache matches the family's layout, saved for vLLM."""
+def _layout(family: str):
     import importlib
 
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    return importlib.import_module(f"pdc.generated.{family.replace('-', '_')}.layout")
 
-    layout = importlib.import_module(f"pdc.generated.{family.replace('-', '_')}.layout")
-    kv = layout.LAYOUT.components[0]
-    _, _, kv_heads, head_dim = kv.shape
+
+def is_hybrid(family: str) -> bool:
+    """A family with per-request state (GDN, Mamba) besides its pages: vLLM runs it with its
+    hybrid KV cache manager and without prefix caching (one state block per request,
+    integrations/vllm/groups.py)."""
+    return any(c.index == "slot" for c in _layout(family).LAYOUT.components)
+
+
+def _qwen3_next_config(layout):
+    """Qwen3-Next whose vLLM cache is the family's: attention [kv_heads, page, K|V,
+    head_dim], GDN conv [kernel - 1, conv_dim] and SSM [v_heads, v_dim, k_dim]."""
+    from transformers import Qwen3NextConfig
+
+    comps = {c.name: c for c in layout.LAYOUT.components}
+    kv_heads, _, _, head_dim = comps["kv"].shape
+    kernel_rows, _ = comps["gdn_conv"].shape
+    k_heads = comps["gdn_conv"].shard.group_units[0]
+    v_heads, v_dim, k_dim = comps["gdn_ssm"].shape
     heads = 2 * kv_heads
-    cfg = LlamaConfig(num_hidden_layers=layout.NUM_LAYERS, hidden_size=heads * head_dim,
-                      num_attention_heads=heads, num_key_value_heads=kv_heads,
-                      head_dim=head_dim, intermediate_size=2 * heads * head_dim,
-                      vocab_size=1024, max_position_embeddings=2048,
-                      bos_token_id=1, eos_token_id=2, torch_dtype="bfloat16")
+    return Qwen3NextConfig(
+        num_hidden_layers=layout.NUM_LAYERS, hidden_size=heads * head_dim,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+        intermediate_size=2 * heads * head_dim, vocab_size=1024, max_position_embeddings=2048,
+        linear_num_key_heads=k_heads, linear_num_value_heads=v_heads,
+        linear_key_head_dim=k_dim, linear_value_head_dim=v_dim,
+        linear_conv_kernel_dim=kernel_rows + 1, full_attention_interval=2, num_experts=4,
+        num_experts_per_tok=2, moe_intermediate_size=heads * head_dim // 2,
+        shared_expert_intermediate_size=heads * head_dim // 2, decoder_sparse_step=1,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0, torch_dtype="bfloat16")
+
+
+def make_model(out_dir: str, family: str, seed: int = 0) -> None:
+    """A random-weight model whose vLLM cache matches the family's layout, saved for vLLM:
+    a Llama, or a Qwen3-Next for a hybrid family."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3NextForCausalLM
+
+    layout = _layout(family)
+    if is_hybrid(family):
+        cfg, make = _qwen3_next_config(layout), Qwen3NextForCausalLM
+    else:
+        kv = layout.LAYOUT.components[0]
+        _, _, kv_heads, head_dim = kv.shape
+        heads = 2 * kv_heads
+        cfg = LlamaConfig(num_hidden_layers=layout.NUM_LAYERS, hidden_size=heads * head_dim,
+                          num_attention_heads=heads, num_key_value_heads=kv_heads,
+                          head_dim=head_dim, intermediate_size=2 * heads * head_dim,
+                          vocab_size=1024, max_position_embeddings=2048,
+                          bos_token_id=1, eos_token_id=2, torch_dtype="bfloat16")
+        make = LlamaForCausalLM
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    model = make(cfg).to(torch.bfloat16)
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.08)  # larger than the default init: greedy tokens vary

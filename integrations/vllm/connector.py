@@ -7,6 +7,8 @@ from typing import Any
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorRole,
+    KVConnectorTransferResults,
+    SupportsHMA,
 )
 
 from .metadata import PdcConnectorMetadata
@@ -14,7 +16,11 @@ from .settings import parse_settings
 from .stats import PdcConnectorStats, PdcPromMetrics
 
 
-class PdcConnector(KVConnectorBase_V1):
+class PdcConnector(KVConnectorBase_V1, SupportsHMA):
+    """SupportsHMA: vLLM keeps its hybrid KV cache manager on, so a hybrid model (attention
+    and GDN/Mamba layers) gets one KV cache group per layer type; a model with attention
+    layers only still has one group and takes the same path as before."""
+
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
         super().__init__(vllm_config, role, kv_cache_config)
         cfg = vllm_config.kv_transfer_config
@@ -23,11 +29,12 @@ class PdcConnector(KVConnectorBase_V1):
         if role == KVConnectorRole.SCHEDULER:
             from .scheduler import PdcScheduler
 
-            self.sched = PdcScheduler(self.settings, vllm_config, cfg.engine_id)
+            self.sched = PdcScheduler(self.settings, vllm_config, cfg.engine_id,
+                                      kv_cache_config)
         else:
             from .worker import PdcWorker
 
-            self.worker = PdcWorker(self.settings, vllm_config)
+            self.worker = PdcWorker(self.settings, vllm_config, kv_cache_config)
 
     # ~~~ scheduler side ~~~
 
@@ -44,8 +51,15 @@ class PdcConnector(KVConnectorBase_V1):
     def build_connector_meta(self, scheduler_output) -> PdcConnectorMetadata:
         return self.sched.build_connector_meta(scheduler_output)
 
+    def on_new_request(self, request) -> None:
+        self.sched.on_new_request(request)
+
     def request_finished(self, request, block_ids) -> tuple[bool, dict[str, Any] | None]:
         return self.sched.request_finished(request, block_ids)
+
+    def request_finished_all_groups(self, request, block_ids) -> tuple[bool,
+                                                                        dict[str, Any] | None]:
+        return self.sched.request_finished_all_groups(request, block_ids)
 
     def update_connector_output(self, connector_output) -> None:
         self.sched.update_connector_output(connector_output)
@@ -70,6 +84,12 @@ class PdcConnector(KVConnectorBase_V1):
 
     def get_finished(self, finished_req_ids: set[str]):
         return self.worker.get_finished(finished_req_ids)
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        sending, recving = self.worker.get_finished(finished_req_ids)
+        return KVConnectorTransferResults(finished_sending=set(sending or ()),
+                                          finished_recving=set(recving or ()),
+                                          failed_recving=self.worker.take_failed_requests())
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self.worker.get_block_ids_with_load_errors()

@@ -15,6 +15,7 @@ class SendReq:
     room: int
     block_ids: tuple[int, ...]  # every block of the prompt, absolute positions 0..
     seq_len: int  # prompt tokens
+    slot: int = -1  # the state group's block (hybrid families), else -1
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,7 @@ class RecvReq:
     prefix_tokens: int  # decode's own prefix-cache hit: prefill sends nothing for them
     bootstrap: str  # the prefill engine's bootstrap service
     prefill_tp: int
+    slot: int = -1  # the state group's block (hybrid families), else -1
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,14 @@ them work unchanged (Note [PD request flow]):
 Aborts: a request that finishes in any other way while it has a live transfer (the client
 went away on either side) keeps its blocks, the worker aborts the transfer, and the blocks
 are freed only once pdc's drain-ack says no write for them is in flight.
+
+Note [Hybrid last token]: vLLM's decode recomputes the last prompt token when the whole
+prompt was loaded (to sample from its logits). Attention KV tolerates that (the token's row
+is written again with the same values), a recurrent state does not: h(N) would take token N
+twice. So with a state group (GDN, Mamba) prefill drops the prompt's last token when the
+request arrives, computes and sends the first N - 1 tokens' pages and their state h(N - 1)
+(`pdc_tokens` in kv_transfer_params), and decode loads those N - 1 tokens and computes token
+N itself. vLLM's own NixlConnector does the same.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from typing import Any
 from pdc.runtime.control import BootstrapServer
 from vllm.v1.request import RequestStatus
 
+from .groups import CacheGroups
 from .metadata import CancelReq, PdcConnectorMetadata, RecvReq, SendReq
 from .settings import PdcSettings
 
@@ -44,8 +53,10 @@ def room_of(request_id: str) -> int:
 
 
 class PdcScheduler:
-    def __init__(self, settings: PdcSettings, vllm_config, engine_id: str):
+    def __init__(self, settings: PdcSettings, vllm_config, engine_id: str,
+                 kv_cache_config=None):
         self.settings = settings
+        self.groups = CacheGroups.of(kv_cache_config, vllm_config)
         self.engine_id = engine_id
         self.block_size = vllm_config.cache_config.block_size
         par = vllm_config.parallel_config
@@ -69,13 +80,35 @@ class PdcScheduler:
     def bind(self, kv_manager) -> None:
         self._kv_manager = kv_manager
 
+    # ~~~ prefill ~~~
+
+    def on_new_request(self, request) -> None:
+        """Note [Hybrid last token]: with a state group, prefill computes all but the last
+        prompt token."""
+        params = request.kv_transfer_params
+        if (not self.settings.is_prefill or self.groups.slot is None or not params
+                or not params.get("do_remote_decode") or "pdc_tokens" in params
+                or request.prompt_token_ids is None or request.num_prompt_tokens < 2):
+            return
+        del request.prompt_token_ids[-1:]
+        del request._all_token_ids[-1:]
+        request.num_prompt_tokens -= 1
+        params["pdc_tokens"] = request.num_prompt_tokens
+
     # ~~~ decode ~~~
+
+    def _loaded_tokens(self, request) -> int:
+        """Prompt tokens prefill computed and sends: all of them, or all but the last one
+        with a state group (Note [Hybrid last token])."""
+        sent = request.kv_transfer_params.get("pdc_tokens")
+        return request.num_prompt_tokens if sent is None else min(int(sent),
+                                                                  request.num_prompt_tokens)
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
         params = request.kv_transfer_params
         if self.settings.is_prefill or not params or not params.get("do_remote_prefill"):
             return 0, False
-        count = request.num_prompt_tokens - num_computed_tokens
+        count = self._loaded_tokens(request) - num_computed_tokens
         return (count, True) if count > 0 else (0, False)
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
@@ -91,12 +124,14 @@ class PdcScheduler:
         params["do_remote_prefill"] = False  # one transfer per request
         if num_external_tokens <= 0:
             return
-        block_ids = tuple(blocks.get_block_ids()[0]) if self._kv_manager is None else tuple(
-            self._kv_manager.get_block_ids(request.request_id)[0])
+        per_group = blocks.get_block_ids() if self._kv_manager is None else \
+            self._kv_manager.get_block_ids(request.request_id)
         self._recv[request.request_id] = RecvReq(
-            req_id=request.request_id, room=int(params["pdc_room"]), block_ids=block_ids,
-            prefix_tokens=request.num_prompt_tokens - num_external_tokens,
-            bootstrap=str(params["pdc_bootstrap"]), prefill_tp=int(params.get("tp_size", 1)))
+            req_id=request.request_id, room=int(params["pdc_room"]),
+            block_ids=tuple(per_group[self.groups.page]),
+            prefix_tokens=self._loaded_tokens(request) - num_external_tokens,
+            bootstrap=str(params["pdc_bootstrap"]), prefill_tp=int(params.get("tp_size", 1)),
+            slot=self.groups.slot_of(per_group))
 
     # ~~~ both ~~~
 
@@ -108,10 +143,12 @@ class PdcScheduler:
                 if request is None or request.num_computed_tokens + n < request.num_prompt_tokens:
                     continue  # not ours, or a chunk of a prompt that goes on next step
                 del self._watch[req_id]
-                blocks = self._kv_manager.get_block_ids(req_id)[0]
+                per_group = self._kv_manager.get_block_ids(req_id)
+                blocks = per_group[self.groups.page]
                 n_blocks = -(-request.num_prompt_tokens // self.block_size)
                 meta.send.append(SendReq(req_id, room_of(req_id), tuple(blocks[:n_blocks]),
-                                         request.num_prompt_tokens))
+                                         request.num_prompt_tokens,
+                                         self.groups.slot_of(per_group)))
                 self._sending.add(req_id)
         else:
             meta.recv = list(self._recv.values())
@@ -120,6 +157,12 @@ class PdcScheduler:
         meta.abort, self._abort = self._abort, []
         meta.cancel, self._cancel = self._cancel, []
         return meta
+
+    def request_finished_all_groups(self, request, block_ids) -> tuple[bool, dict | None]:
+        """vLLM's hybrid allocator names one block list per KV cache group; pdc's page
+        component moves the attention group's blocks, its slot components the state group's
+        one block (SendReq.slot), and the answer names the attention blocks."""
+        return self.request_finished(request, block_ids[self.groups.page])
 
     def request_finished(self, request, block_ids) -> tuple[bool, dict | None]:
         req_id = request.request_id
@@ -140,7 +183,8 @@ class PdcScheduler:
                 "tp_size": self.tp,
                 "pdc_room": room_of(req_id),
                 "pdc_bootstrap": self.bootstrap,
-            }
+            } | ({"pdc_tokens": request.num_prompt_tokens} if self.groups.slot is not None
+                 else {})
         params = request.kv_transfer_params or {}
         if req_id in self._recv or params.get("do_remote_prefill"):
             # Ended before its load started (aborted while waiting to be scheduled): no

@@ -13,6 +13,21 @@ chunk in `start_load_kv`, before the forward; `save_kv_layer` reports each layer
 (`layer_done`), whose transfer thread sends that layer's blocks while the forward goes on;
 `wait_for_save` reports the forward done. On a GPU the layer's KV is only queued when the hook
 runs, so the hook records a CUDA event and pdc waits for it off the forward's thread.
+
+Note [vLLM hybrid cache]: under vLLM's hybrid KV cache manager (PdcConnector declares
+SupportsHMA) a model with attention and state (GDN, Mamba) layers gets one KV cache group per
+layer type, all drawing blocks from one pool: vLLM allocates one byte range per "layer
+position" and lays layer i of every group over it, so attention layer 1 and GDN layer 0 view
+the same bytes, and a block id names the same bytes in both groups (a live block belongs to
+one group only). Attention layers get `[blocks, kv_heads, block_size, K|V * head_dim]`
+tensors (one item per block, as in the spec's page component); a state layer gets an int8
+`[blocks, 1, 1, state bytes]` view whose blocks are one attention page apart, holding its
+states (conv, then SSM) packed from the block's start. The worker views each state in place
+(`CacheGroups.state_views`, no copy) and registers it as the spec's slot component of that
+layer, whose pitch is the page (Note [Item pitch]); EnginePools merges the overlapping views
+into one region per storage range. A request's slot is its one block in the state group.
+Load failures go to vLLM as failed requests (`failed_recving`): with several groups block ids
+are not unique, and vLLM refuses `invalid_block_ids`.
 """
 
 from __future__ import annotations
@@ -32,6 +47,7 @@ from pdc.runtime.plan_types import RankId
 from pdc.runtime.pools import EnginePools, RegistrationMismatch
 from vllm.model_executor.models.utils import extract_layer_index
 
+from .groups import CacheGroups
 from .metadata import PdcConnectorMetadata, RecvReq
 from .plans import make_plan
 from .settings import PdcSettings
@@ -53,7 +69,7 @@ def _note(req_id: str, **info) -> None:
 
 
 class PdcWorker:
-    def __init__(self, settings: PdcSettings, vllm_config):
+    def __init__(self, settings: PdcSettings, vllm_config, kv_cache_config=None):
         if settings.knobs:
             knobs.override(**settings.knobs)
         self.settings = settings
@@ -73,7 +89,9 @@ class PdcWorker:
         self.senders: dict[str, object] = {}  # req_id -> PrefillSender
         self.aborting: set[str] = set()
         self.receivers: dict[str, tuple] = {}  # req_id -> (receiver, RecvReq, t0)
+        self.groups = CacheGroups.of(kv_cache_config, vllm_config)
         self.load_errors: set[int] = set()
+        self.failed_requests: set[str] = set()  # hybrid: failed loads, by request
         self.failed_early: set[str] = set()  # load errors reported, blocks still pending
         self.sched_finished: set[str] = set()
         self.stats = PdcConnectorStats()
@@ -84,18 +102,43 @@ class PdcWorker:
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         comps = [c for c in self.layout.components if c.index == "page"]
-        if len(self.layout.components) != 1 or len(comps) != 1 or comps[0].tensors != ("kv",):
+        slots = [c for c in self.layout.components if c.index == "slot"]
+        others = len(self.layout.components) - len(comps) - len(slots)
+        if self.groups.slot is None and (len(self.layout.components) != 1 or len(comps) != 1
+                                         or comps[0].tensors != ("kv",)):
             raise RegistrationMismatch(
                 f"{self.layout.spec_path}: error: family {self.layout.family!r} does not "
                 f"describe vLLM's cache layout\n  hint: vLLM keeps one [blocks, 2, block_size, "
                 f"heads * head_dim] tensor per layer: give the family one page component with "
                 f"the single tensor 'kv' (Note [vLLM cache layout])")
+        if self.groups.slot is not None and (len(comps) != 1 or comps[0].tensors != ("kv",)
+                                             or not slots or others):
+            raise RegistrationMismatch(
+                f"{self.layout.spec_path}: error: family {self.layout.family!r} does not "
+                f"describe vLLM's hybrid cache layout\n  hint: vLLM keeps attention blocks and "
+                f"a state block per request: give the family one page component with the "
+                f"single tensor 'kv' and one slot component per state of a state layer "
+                f"(Note [vLLM hybrid cache])")
         comp = comps[0]
         self.names = {}
         for name, t in kv_caches.items():
             layer = extract_layer_index(name)
-            self.tensors[(comp.name, "kv", layer)] = t
             self.names[layer] = name
+            if name not in self.groups.states:
+                self.tensors[(comp.name, "kv", layer)] = t
+                continue
+            views = self.groups.state_views(name, t)
+            mine = [c for c in slots if layer in c.layer_ids]
+            if len(mine) != len(views):
+                shapes = ", ".join(str(list(v.shape[1:])) for v in views)
+                raise RegistrationMismatch(
+                    f"{self.layout.spec_path}: error: vLLM layer {name!r} keeps "
+                    f"{len(views)} states ({shapes}); the spec gives layer {layer} "
+                    f"{len(mine)} slot components ({', '.join(c.name for c in mine) or 'none'})"
+                    f"\n  hint: one slot component per state, in vLLM's order (conv, then "
+                    f"SSM)")
+            for c, v in zip(mine, views, strict=True):
+                self.tensors[(c.name, c.tensors[0], layer)] = v
         self.engine = make_engine(self.settings.engine)
         peer = self.settings.peer_tp or self.tp
         prefill_tp, decode_tp = (self.tp, peer) if self.settings.is_prefill else (peer, self.tp)
@@ -119,7 +162,7 @@ class PdcWorker:
                                                   self.engine, self.pools, meta.bootstrap)
             for s in meta.send:
                 sender = self.prefill_ep.sender(s.room)
-                sender.send(list(s.block_ids), 0, True, s.seq_len, stream=True)
+                sender.send(list(s.block_ids), 0, True, s.seq_len, slot=s.slot, stream=True)
                 self.senders[s.req_id] = sender
                 self._streaming = True
             for req_id in meta.abort:
@@ -147,7 +190,7 @@ class PdcWorker:
         try:
             ep = self._decode_endpoint(r)
             rv = ep.receiver(r.room)
-            rv.init(list(r.block_ids), r.prefix_tokens)
+            rv.init(list(r.block_ids), r.prefix_tokens, slot=r.slot)
         except Exception as e:  # noqa: BLE001 - a request that cannot start fails alone
             LOG.error("pdc: request %s cannot load from %s: %s", r.req_id, r.bootstrap, e)
             self._load_failed(r)
@@ -180,8 +223,11 @@ class PdcWorker:
         are safe to reuse (every prefill rank acked the abort, or abort_ack_timeout_s
         passed): until then vLLM keeps them, a failed request's blocks being freed only on
         finished_recving while it waits for remote KV."""
-        first = r.prefix_tokens // self.block_size
-        self.load_errors.update(r.block_ids[first:])
+        if self.groups.slot is not None:
+            self.failed_requests.add(r.req_id)  # Note [vLLM hybrid cache]
+        else:
+            first = r.prefix_tokens // self.block_size
+            self.load_errors.update(r.block_ids[first:])
         self.stats.failed()
 
     def save_kv_layer(self, layer_name: str) -> None:
@@ -262,6 +308,10 @@ class PdcWorker:
             del self.receivers[req_id]
         self.sched_finished -= recving
         return freed or None, recving or None
+
+    def take_failed_requests(self) -> set[str]:
+        out, self.failed_requests = self.failed_requests, set()
+        return out
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         out, self.load_errors = self.load_errors, set()
