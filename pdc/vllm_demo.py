@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .vllm_engine import is_hybrid
 from .vllm_env import HINT, vllm_python
 
 START_TIMEOUT_S = 300.0
@@ -268,7 +269,8 @@ def run_demo(family: str, engine_name: str, n_prompts: int, max_tokens: int, see
         if r.returncode != 0:
             raise DemoError(f"making the model failed: {r.stderr.strip()[-2000:]}")
         prompts = make_prompts(n_prompts, seed)
-        print(wrap(f"model: random-weight Llama for family {family} ({work}/model); "
+        kind = "Qwen3-Next" if is_hybrid(family) else "Llama"
+        print(wrap(f"model: random-weight {kind} for family {family} ({work}/model); "
                    f"{n_prompts} prompts of {min(map(len, prompts))}-"
                    f"{max(map(len, prompts))} tokens, {max_tokens} tokens each; "
                    f"engine {engine_name}"), file=out)
