@@ -117,7 +117,7 @@ def build_descriptors(link: Link, local: dict[str, list[LocalBuffer]],
     """
     srcs, dsts, lens = [], [], []
     runs_cache: dict[str, tuple] = {}
-    whole: dict[str, tuple[list[int], list[int], int, int]] = {}
+    whole: dict[str, tuple[list[int], list[int], LocalBuffer, RemoteBuffer]] = {}
     for e in link.entries:
         if e.component not in pairs:
             continue
