@@ -203,7 +203,8 @@ def _id_array(name: str, value: object) -> np.ndarray:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RegEntry:
-    """One registered buffer: item i of this (tensor, layer) lives at base_addr + i*item_bytes."""
+    """One registered buffer: item i of this (tensor, layer) lives at base_addr + i*item_bytes
+    (base_addr + i*pitch for a component with an item pitch: Note [Item pitch])."""
 
     layer_id: int  # global layer id, or the component's sentinel for request-wide state
     tensor: str  # tensor name within the component ("k", "v", or "data")
