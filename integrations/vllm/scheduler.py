@@ -116,7 +116,10 @@ class PdcScheduler:
         if not params:
             return
         if self.settings.is_prefill:
-            if params.get("do_remote_decode"):
+            # A one-token prompt of a hybrid family keeps its token (Note [Hybrid last
+            # token]): nothing to send, no kv_transfer_params; decode runs it as it is.
+            if params.get("do_remote_decode") and (self.groups.slot is None
+                                                   or "pdc_tokens" in params):
                 self._watch[request.request_id] = request
             return
         if not params.get("do_remote_prefill"):

@@ -212,3 +212,26 @@ def test_a_hybrid_engine_with_prefix_caching_is_refused_naming_the_fix(model_dir
         "PdcConnector moves one state block per request, but vLLM keeps mamba_cache_mode "
         "'align' (a state block per cached prefix block)\n  hint: start a hybrid engine with "
         "enable_prefix_caching=False (mamba_cache_mode 'none')")
+
+
+def test_a_hybrid_load_failed_before_its_blocks_are_safe_fails_now_and_frees_later(decode):
+    """Note [Failed load] with several groups: the failed request is reported at once
+    (failed_recving); vLLM keeps its blocks of both groups until finished_recving."""
+    decode.add_request(request("b", 200, remote_prefill_params("b", 199)))
+    step(decode)
+    _, finished = step(decode, failed={"b"})
+    assert finished["b"].finish_reason.name == "ERROR"
+    assert free_blocks(decode) == BLOCKS - 1 - 3  # 2 pages and the state block
+    step(decode)
+    assert free_blocks(decode) == BLOCKS - 1 - 3
+    step(decode, recving={"b"})
+    assert_empty(decode)
+
+
+def test_a_one_token_prompt_has_nothing_to_send(prefill):
+    r = request("a", 1, {"do_remote_decode": True})
+    prefill.add_request(r)
+    out, finished = step(prefill)
+    assert r.num_prompt_tokens == 1 and out.kv_connector_metadata.send == []
+    assert finished["a"].kv_transfer_params is None
+    assert_empty(prefill)
