@@ -16,8 +16,8 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 SHIM=$(mktemp -d)
 mkdir -p "$SHIM/pdc"
-cp pdc/*.py "$SHIM/pdc/"
-for stage in runtime compiler generated; do ln -s "$PWD/$stage" "$SHIM/pdc/$stage"; done
+cp -r pdc/. "$SHIM/pdc/"  # the CLI modules and pdc.verify
+for stage in runtime compiler generated integrations; do ln -s "$PWD/$stage" "$SHIM/pdc/$stage"; done
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || echo "wheel install failed; the spec front end may be missing"

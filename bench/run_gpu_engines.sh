@@ -24,8 +24,8 @@ DEVICES=${DEVICES:-cuda:0,cuda:0}
 ENGINES=${ENGINES:-cuda_ipc,mooncake,nixl}
 SHIM=$(mktemp -d)
 mkdir -p "$SHIM/pdc" /tmp/debs /tmp/site
-cp pdc/*.py "$SHIM/pdc/"
-for stage in runtime compiler generated; do ln -s "$PWD/$stage" "$SHIM/pdc/$stage"; done
+cp -r pdc/. "$SHIM/pdc/"  # the CLI modules and pdc.verify
+for stage in runtime compiler generated integrations; do ln -s "$PWD/$stage" "$SHIM/pdc/$stage"; done
 for f in "$PKG"/*.deb; do [ -e "$f" ] && dpkg -x "$f" /tmp/debs; done
 for f in "$PKG"/*.tgz; do [ -e "$f" ] && tar xzf "$f" -C /tmp/site; done
 for f in "$PKG"/*.whl; do
