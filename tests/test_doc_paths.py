@@ -23,9 +23,10 @@ DOCS = sorted(REPO.glob("*.md")) + sorted((REPO / "docs").glob("*.md"))
 # Top-level entries a path may start with: whatever the repository holds, plus the places
 # that documents may name before they exist in a checkout (built or made by a command).
 TOP = {p.name for p in REPO.iterdir()}
-# What a command makes (scripts/install.sh makes .venv/) and what docs/adding-a-family.md has
-# the reader write, as its worked example: cited, but no file of a checkout.
-MADE = {".venv", "specs/hf-qwen2.yaml", "generated/hf_qwen2"}
+# What a command makes (scripts/install.sh makes .venv/; a GPU run carries the wheels it
+# gathers in the ignored .whl/, bench/run_gpu*.sh) and what docs/adding-a-family.md has the
+# reader write, as its worked example: cited, but no file of a checkout.
+MADE = {".venv", ".whl", "specs/hf-qwen2.yaml", "generated/hf_qwen2"}
 # A run of path characters with at least one slash, or a bare *.md name.
 _PATH = re.compile(r"(?<![\w./<>*{}-])((?:\.\.?/)?[\w.-]+(?:/[\w.<>*{}-]*)+|[\w.-]+\.md)"
                    r"(?![\w<>*{}(-])")
