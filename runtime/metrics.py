@@ -7,6 +7,18 @@ before its first write, or a side that has no bootstrap phase, must not report a
 latency or an infinite rate. Bytes are the bytes actually written or received for the request
 (pages sent beyond a prefix hit, slot items, aux rows), not the prompt's full length.
 
+Note [Timeline stamps]: the log line of a record carries the request's stamps (`t`, seconds of
+time.monotonic(), which every process of one host reads from the same clock) so that
+bench/timeline.py can join the two sides of a request by room and lay out where its time to
+first token went. Prefill: `start` (its room opened), `requested` (decode's TransferRequest
+arrived), `forward_done` (the forward wrote the last chunk), `first_write` (first batch
+submitted), `done` (last write completed, Success). Decode: `arrived` (the serving engine
+first saw the request, when the integration says), `start` (receiver made), `requested`
+(TransferRequests sent), `done` (every prefill rank reported Success). `mark()` adds the
+points no record holds: decode's engine saw the Success (`seen`), the first token left
+(`first_token`, from the driver that sees it). Across hosts the clocks differ: compare
+stamps of one side only.
+
 Prometheus metrics (labels: `side` prefill/decode, `rank` e.g. `dp0.pp0.tp1`, `engine`):
 
 | name | kind | meaning |
@@ -18,7 +30,7 @@ Prometheus metrics (labels: `side` prefill/decode, `rank` e.g. `dp0.pp0.tp1`, `e
 | `pdc:kv_transfer_speed_gb_s` | histogram | bytes / transfer time (requests that wrote bytes) |
 | `pdc:kv_transfer_total_mb` | histogram | bytes of one request, MB (10^6) |
 | `pdc:kv_transfer_bytes_total` | counter | bytes of succeeded requests |
-| `pdc:kv_transfer_descriptors_total` | counter | descriptors submitted (prefill) |
+| `pdc:kv_transfer_descriptors_total` | counter | descriptors submitted (prefill), or submitted for it by the prefill ranks (decode) |
 | `pdc:kv_transfer_requests_total` | counter | finished requests, by `outcome` ok/failed |
 | `pdc:kv_transfer_failed_total` | counter | failed requests |
 """
@@ -28,6 +40,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -65,6 +78,9 @@ class TransferRecord:
     t_bootstrap_done: float  # peers linked and registered for this request (0 = unset)
     t_first_write: float  # first batch submitted (prefill) or first progress seen (decode)
     t_done: float  # terminal state reached
+    generation: int = 0  # prefill: the use's generation (0 until decode asked); decode: its own
+    t_arrived: float = 0.0  # decode: the serving engine first saw the request (0 = not told)
+    t_forward_done: float = 0.0  # prefill: the forward wrote the last chunk (0 = unset)
 
     @property
     def bootstrap_ms(self) -> float:
@@ -87,18 +103,41 @@ class TransferRecord:
         ms = self.transfer_ms
         return self.bytes / (ms * 1e6) if ms > 0 and self.bytes else 0.0
 
+    def stamps(self) -> dict[str, float]:
+        """The monotonic stamps that were set (Note [Timeline stamps]), by phase name."""
+        named = (("start", self.t_start), ("arrived", self.t_arrived),
+                 ("requested", self.t_bootstrap_done), ("forward_done", self.t_forward_done),
+                 ("first_write", self.t_first_write), ("done", self.t_done))
+        # Decode's "first write" is its request (it writes nothing): not a stamp of its own.
+        return {k: round(v, 6) for k, v in named
+                if v > 0.0 and not (k == "first_write" and self.side == "decode")}
+
     def as_dict(self) -> dict:
         d = asdict(self)
-        for k in ("t_start", "t_bootstrap_done", "t_first_write", "t_done"):
+        for k in ("t_start", "t_bootstrap_done", "t_first_write", "t_done", "t_arrived",
+                  "t_forward_done"):
             d.pop(k)
         d.update(bootstrap_ms=round(self.bootstrap_ms, 3), wait_ms=round(self.wait_ms, 3),
                  transfer_ms=round(self.transfer_ms, 3), latency_ms=round(self.latency_ms, 3),
-                 gb_s=round(self.gb_s, 4))
+                 gb_s=round(self.gb_s, 4), t=self.stamps())
         return d
 
     def log_line(self) -> str:
         """One JSON object on one line (`event: kv_transfer`), for log pipelines."""
         return json.dumps({"event": "kv_transfer", **self.as_dict()}, sort_keys=True)
+
+
+def _log(line: str) -> None:
+    """One line on the `pdc.transfer` logger. A serving engine configures only its own
+    loggers, which would leave INFO lines of this one unseen: when nothing would show them,
+    they go to stderr (the engine's log) on a handler of their own."""
+    if LOG.level == logging.NOTSET:
+        LOG.setLevel(logging.INFO)
+        if not LOG.hasHandlers():
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+            LOG.addHandler(handler)
+    LOG.info(line)
 
 
 def emit(metrics: TransferMetrics | RecordBuffer | None, rec: TransferRecord) -> None:
@@ -107,7 +146,18 @@ def emit(metrics: TransferMetrics | RecordBuffer | None, rec: TransferRecord) ->
     if metrics is not None:
         metrics.observe(rec)
     elif knobs.get("transfer_log"):
-        LOG.info(rec.log_line())
+        _log(rec.log_line())
+
+
+def mark(what: str, side: str, room: int, generation: int = 0, t: float = 0.0,
+         **fields: Any) -> None:
+    """A point of a request's timeline that no record holds (Note [Timeline stamps]), e.g.
+    the serving engine saw decode's Success, or its first token left: one JSON line
+    (`event: kv_mark`) on the transfer log when the `transfer_log` knob is on."""
+    if knobs.get("transfer_log"):
+        _log(json.dumps({"event": "kv_mark", "mark": what, "side": side, "room": room,
+                         "generation": generation,
+                         "t": round(t or time.monotonic(), 6), **fields}, sort_keys=True))
 
 
 class RecordBuffer:
@@ -188,7 +238,7 @@ class TransferMetrics:
             else:
                 self._failed.labels(*lv).inc()
         if self.log:
-            LOG.info(rec.log_line())
+            _log(rec.log_line())
 
     def text(self) -> str:
         from prometheus_client import generate_latest

@@ -1,4 +1,4 @@
-"""Wire format, version 1: the family-independent codec of pdc's control-plane messages.
+"""Wire format, version 2: the family-independent codec of pdc's control-plane messages.
 
 Every message is a 24-byte header followed by a body. All integers are little-endian; there
 is no padding anywhere. docs/wire-format.md is the byte-level reference.
@@ -7,7 +7,7 @@ is no padding anywhere. docs/wire-format.md is the byte-level reference.
     0       4     magic b"PDCW"
     4       2     wire version (WIRE_VERSION)
     6       1     message type (MessageType)
-    7       1     flags: none are defined in version 1, so the byte must be 0
+    7       1     flags: none are defined in version 2, so the byte must be 0
     8       8     spec fingerprint: the first 8 bytes of the spec's sha256, as a u64
     16      4     body length in bytes
     20      4     CRC-32 (zlib) of header bytes 0..19 followed by the body

@@ -1,4 +1,4 @@
-"""Wire format, version 1 (runtime/wire.py): bounds-checked `Reader` and `Writer`, the body
+"""Wire format, version 2 (runtime/wire.py): bounds-checked `Reader` and `Writer`, the body
 codec of each message, and `encode` / `decode` with the header and its CRC."""
 
 from __future__ import annotations
@@ -345,6 +345,7 @@ def _write_status(w: Writer, m: Status, _c: object) -> None:
     w.u64("Status.page_start", m.page_start)
     w.u32("Status.page_count", m.page_count)
     w.u64("Status.bytes_written", m.bytes_written)
+    w.u32("Status.descriptors", m.descriptors)
     # A presence byte, then the checksum only when present: no don't-care bytes.
     w.flag("Status.has_checksum", m.checksum is not None)
     if m.checksum is not None:
@@ -361,12 +362,13 @@ def _read_status(r: Reader, _c: object) -> Status:
     page_start = r.u64("Status.page_start")
     page_count = r.u32("Status.page_count")
     nbytes = r.u64("Status.bytes_written")
+    descriptors = r.u32("Status.descriptors")
     checksum = r.u64("Status.checksum") if r.flag("Status.has_checksum") else None
     reason = r.text("Status.reason", MAX_REASON_BYTES)
     return Status(room=room, generation=generation, prefill_rank=rank,
                   state=_enum("Status.state", state, KVPoll),
                   chunk_id=chunk_id, page_start=page_start, page_count=page_count,
-                  bytes_written=nbytes, checksum=checksum, reason=reason)
+                  bytes_written=nbytes, descriptors=descriptors, checksum=checksum, reason=reason)
 
 
 def _write_abort(w: Writer, m: Abort, _c: object) -> None:

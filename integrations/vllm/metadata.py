@@ -29,6 +29,8 @@ class RecvReq:
     bootstrap: str  # the prefill engine's bootstrap service
     prefill_tp: int
     slot: int = -1  # the state group's block (hybrid families), else -1
+    # the scheduler first saw the request (Note [Timeline stamps]); a stamp, not an identity
+    t_arrived: float = field(default=0.0, compare=False)
 
 
 @dataclass(frozen=True)

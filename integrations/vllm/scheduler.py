@@ -34,6 +34,7 @@ N itself. vLLM's own NixlConnector does the same.
 from __future__ import annotations
 
 import hashlib
+import time
 from typing import Any
 
 from pdc.runtime.control import BootstrapServer
@@ -76,6 +77,7 @@ class PdcScheduler:
         self._send_now: list[SendReq] = []
         self._abort: list[str] = []
         self._cancel: list[CancelReq] = []
+        self._arrived: dict[str, float] = {}  # decode: when a remote-prefill request came
 
     def bind(self, kv_manager) -> None:
         self._kv_manager = kv_manager
@@ -108,6 +110,7 @@ class PdcScheduler:
         params = request.kv_transfer_params
         if self.settings.is_prefill or not params or not params.get("do_remote_prefill"):
             return 0, False
+        self._arrived.setdefault(request.request_id, time.monotonic())
         count = self._loaded_tokens(request) - num_computed_tokens
         return (count, True) if count > 0 else (0, False)
 
@@ -125,6 +128,7 @@ class PdcScheduler:
         if not params.get("do_remote_prefill"):
             return
         params["do_remote_prefill"] = False  # one transfer per request
+        arrived = self._arrived.pop(request.request_id, 0.0)
         if num_external_tokens <= 0:
             return
         per_group = blocks.get_block_ids() if self._kv_manager is None else \
@@ -134,7 +138,7 @@ class PdcScheduler:
             block_ids=tuple(per_group[self.groups.page]),
             prefix_tokens=self._loaded_tokens(request) - num_external_tokens,
             bootstrap=str(params["pdc_bootstrap"]), prefill_tp=int(params.get("tp_size", 1)),
-            slot=self.groups.slot_of(per_group))
+            slot=self.groups.slot_of(per_group), t_arrived=arrived)
 
     # ~~~ both ~~~
 
@@ -189,6 +193,7 @@ class PdcScheduler:
             } | ({"pdc_tokens": request.num_prompt_tokens} if self.groups.slot is not None
                  else {})
         params = request.kv_transfer_params or {}
+        self._arrived.pop(req_id, None)
         if req_id in self._recv or params.get("do_remote_prefill"):
             # Ended before its load started (aborted while waiting to be scheduled): no
             # block of it was named to prefill, but prefill holds the prompt's KV for it;

@@ -5,7 +5,7 @@
 | `vllm:pdc_xfer_time_seconds` | histogram | one request's transfer, request known to pdc -> done |
 | `vllm:pdc_post_time_seconds` | histogram | request known -> first write posted (prefill) |
 | `vllm:pdc_bytes_transferred` | histogram | bytes of one request |
-| `vllm:pdc_num_descriptors` | histogram | descriptors of one request (prefill) |
+| `vllm:pdc_num_descriptors` | histogram | descriptors of one request (prefill: submitted; decode: submitted for it by prefill, from prefill's Success) |
 | `vllm:pdc_num_failed_transfers` | counter | failed transfers (load errors on decode) |
 
 Labels are vLLM's own (`model_name`, `engine`). Prefill records what it sent, decode what it

@@ -209,7 +209,7 @@ class PdcWorker:
     def _start_recv(self, r: RecvReq) -> None:
         try:
             ep = self._decode_endpoint(r)
-            rv = ep.receiver(r.room)
+            rv = ep.receiver(r.room, arrived=r.t_arrived)
             rv.init(list(r.block_ids), r.prefix_tokens, slot=r.slot)
         except Exception as e:  # noqa: BLE001 - a request that cannot start fails alone
             LOG.error("pdc: request %s cannot load from %s: %s", r.req_id, r.bootstrap, e)
@@ -304,7 +304,8 @@ class PdcWorker:
                 continue
             if req_id not in self.failed_early:
                 _note(req_id, ok=state == KVPoll.Success, bytes=rv.bytes, reason=rv.reason,
-                      prefix_tokens=r.prefix_tokens, aborted=req_id in self.aborting)
+                      descriptors=rv.descriptors, prefix_tokens=r.prefix_tokens,
+                      aborted=req_id in self.aborting)
             if req_id in self.aborting:
                 if req_id not in self.sched_finished:
                     continue
@@ -312,7 +313,7 @@ class PdcWorker:
                 self.sched_finished.discard(req_id)
                 freed.add(req_id)
             elif state == KVPoll.Success:
-                self.stats.record(rv.bytes, 0, 0, t0, time.monotonic())
+                self.stats.record(rv.bytes, rv.descriptors, 0, t0, time.monotonic())
                 recving.add(req_id)
             elif req_id in self.failed_early:
                 self.failed_early.discard(req_id)

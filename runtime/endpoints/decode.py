@@ -18,7 +18,7 @@ from ..indices import (
     IndexError_,
 )
 from ..layout_types import FamilyLayout
-from ..metrics import RecordBuffer, TransferMetrics, TransferRecord, emit
+from ..metrics import RecordBuffer, TransferMetrics, TransferRecord, emit, mark
 from ..plan_types import Plan, RankId, dp_group_of_room
 from ..pools import RankPools
 from .common import (
@@ -109,10 +109,12 @@ class DecodeEndpoint(DecodeHandshake, DecodeLiveness, DecodeStaging):
                 self.hub.send(name, self._reg_payload)
 
     def receiver(self, room: int, generation: int = 0,
-                 prefill_dp_group: int | None = None) -> DecodeReceiver:
+                 prefill_dp_group: int | None = None, arrived: float = 0.0) -> DecodeReceiver:
         """Decode's handle on one use of `room`. `prefill_dp_group` is the router's choice
-        of prefill DP rank (Note [DP routing]); without it, room % prefill dp."""
-        return DecodeReceiver(self, room, generation, prefill_dp_group)
+        of prefill DP rank (Note [DP routing]); without it, room % prefill dp. `arrived`:
+        when the serving engine first saw the request (time.monotonic()), for its timeline
+        (Note [Timeline stamps])."""
+        return DecodeReceiver(self, room, generation, prefill_dp_group, arrived)
 
     def stats(self) -> dict:
         with self.lock:
@@ -142,9 +144,10 @@ class DecodeEndpoint(DecodeHandshake, DecodeLiveness, DecodeStaging):
         # Decode has no forward to wait for: its transfer runs from the request to the end.
         emit(self.metrics, TransferRecord(
             side="decode", rank=self.rank_label, room=rv.room, ok=rv.state == KVPoll.Success,
-            reason=rv.reason, bytes=rv.bytes, descriptors=0, batches=len(rv.succeeded),
-            engine=self.engine.name, t_start=rv.t_start, t_bootstrap_done=rv.t_requested,
-            t_first_write=rv.t_requested, t_done=time.monotonic()))
+            reason=rv.reason, bytes=rv.bytes, descriptors=rv.descriptors,
+            batches=len(rv.succeeded), engine=self.engine.name, t_start=rv.t_start,
+            t_bootstrap_done=rv.t_requested, t_first_write=rv.t_requested,
+            t_done=time.monotonic(), generation=rv.generation, t_arrived=rv.t_arrived))
 
     def _fail(self, rv: _Recv, reason: str) -> None:
         """Fail a request and tell every source that may still write to stop."""
@@ -257,6 +260,7 @@ class DecodeEndpoint(DecodeHandshake, DecodeLiveness, DecodeStaging):
             rv.succeeded[name] = msg
             rv.quiet.add(name)
             rv.bytes += msg.bytes_written
+            rv.descriptors += msg.descriptors
             if rv.state not in TERMINAL and rv.succeeded.keys() >= rv.expected:
                 self._complete(rv)
         elif msg.state == KVPoll.Failed:
@@ -272,7 +276,7 @@ class DecodeReceiver:
     """Decode's handle on one (room, generation)."""
 
     def __init__(self, ep: DecodeEndpoint, room: int, generation: int,
-                 prefill_dp_group: int | None = None):
+                 prefill_dp_group: int | None = None, arrived: float = 0.0):
         self.ep = ep
         self.room = room
         self.generation = generation
@@ -282,7 +286,7 @@ class DecodeReceiver:
             if key in ep.recvs:
                 raise ValueError(f"room {room} generation {generation} is in use; a new use of "
                                  "the room needs a new generation")
-            self._rv = ep.recvs[key] = _Recv(room, generation, sources)
+            self._rv = ep.recvs[key] = _Recv(room, generation, sources, t_arrived=arrived)
 
     def init(self, page_ids, prefix_len: int = 0, *, slot: int = -1, ring_slot: int = -1,
              aux_row: int = -1, window_page_ids=None) -> None:
@@ -315,7 +319,13 @@ class DecodeReceiver:
 
     def poll(self) -> KVPoll:
         with self.ep.lock:
-            return self._rv.state
+            rv = self._rv
+            state = rv.state
+            first = state in TERMINAL and not rv.seen
+            rv.seen = rv.seen or first
+        if first:  # when the serving engine learned it (Note [Timeline stamps])
+            mark("seen", "decode", self.room, self.generation, ok=state == KVPoll.Success)
+        return state
 
     @property
     def reason(self) -> str:
@@ -326,6 +336,13 @@ class DecodeReceiver:
     def bytes(self) -> int:
         with self.ep.lock:
             return self._rv.bytes
+
+    @property
+    def descriptors(self) -> int:
+        """Descriptors the prefill ranks submitted for this request (their Success
+        statuses); decode itself submits none."""
+        with self.ep.lock:
+            return self._rv.descriptors
 
     @property
     def page_state(self) -> PageState:

@@ -4,6 +4,7 @@ use of a room)."""
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter, OrderedDict
 
 import numpy as np
@@ -173,9 +174,7 @@ class PrefillEndpoint(PrefillHandshake, PrefillControl, PrefillLiveness, Prefill
         with self.lock:
             uses = [(r, [c for c in r.chunks if c.stream]) for r in self._uses()]
             if event is None:
-                for _, chunks in uses:
-                    for c in chunks:
-                        mark(c)
+                _apply(mark, uses)
             else:
                 self._waiting_events.append((event, mark, uses))
 
@@ -194,9 +193,7 @@ class PrefillEndpoint(PrefillHandshake, PrefillControl, PrefillLiveness, Prefill
                     self._waiting_events.pop(0)
                     continue
                 self._waiting_events.pop(0)
-                for _, chunks in uses:
-                    for c in chunks:
-                        mark(c)
+                _apply(mark, uses)
 
     def _uses(self):
         for r in self.rooms.values():
@@ -226,6 +223,18 @@ class PrefillEndpoint(PrefillHandshake, PrefillControl, PrefillLiveness, Prefill
         r = self.rooms[room] = _Room(room)
         self.finished.pop(room, None)
         return r
+
+
+def _apply(mark, uses) -> None:
+    """Mark the streaming chunks of each use; a use whose last chunk is now complete has
+    its forward done (Note [Timeline stamps])."""
+    now = 0.0
+    for r, chunks in uses:
+        for c in chunks:
+            mark(c)
+            if c.chunk.last and c.all_ready and not r.t_forward_done:
+                now = now or time.monotonic()
+                r.t_forward_done = now
 
 
 class PrefillSender:
@@ -258,6 +267,8 @@ class PrefillSender:
                 return
             r.chunks.append(_Chunk(chunk, self._chunk_id, stream))
             self._chunk_id += 1
+            if last_chunk and not stream:
+                r.t_forward_done = time.monotonic()  # a complete chunk: its forward is done
         self.ep.wake.set()
 
     def send_cached(self, page_ids, cached_tokens: int) -> None:

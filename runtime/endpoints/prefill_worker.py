@@ -192,6 +192,7 @@ class PrefillWorker(PrefillHost):
             r.stats.descriptors += len(src)
             r.stats.batches += 1
             r.bytes_to[d] = r.bytes_to.get(d, 0) + total
+            r.descriptors_to[d] = r.descriptors_to.get(d, 0) + len(src)
 
     def _remap_slots(self, r: _Room, c: _Chunk, due: list) -> None:
         """Note [Slot-valued state]: some request-wide rows hold token slots of the KV page
@@ -259,6 +260,7 @@ class PrefillWorker(PrefillHost):
                 assert r.generation is not None  # set by the TransferRequest of the target
                 sends.append((t.identity, self._status(
                     r.room, r.generation, KVPoll.Success, bytes_written=r.bytes_to.get(d, 0),
+                    descriptors=r.descriptors_to.get(d, 0),
                     checksum=r.digests.get(d, 0) if r.checksum else None,
                     page_start=r.last_range[0], page_count=r.last_range[1])))
             self.counters["succeeded"] += 1
@@ -320,7 +322,8 @@ class PrefillWorker(PrefillHost):
             reason=r.reason if r.state == KVPoll.Failed else "", bytes=r.stats.bytes,
             descriptors=r.stats.descriptors, batches=r.stats.batches, engine=self.engine.name,
             t_start=r.created, t_bootstrap_done=r.t_requested, t_first_write=r.stats.t_init,
-            t_done=time.monotonic()))
+            t_done=time.monotonic(), generation=r.generation or 0,
+            t_forward_done=r.t_forward_done))
         self._remember(r.room, _Final(r.state, r.reason, r.generation, r.has_sender))
         nxt, r.successor = r.successor, None
         if nxt is None:

@@ -91,11 +91,13 @@ class _Room:
     checksum: bool = field(default_factory=lambda: bool(knobs.get("checksum")))
     digests: dict = field(default_factory=dict)  # decode RankId -> running link digest
     bytes_to: dict = field(default_factory=dict)  # decode RankId -> bytes written
+    descriptors_to: dict = field(default_factory=dict)  # decode RankId -> descriptors submitted
     last_range: tuple = (0, 0)  # (page_start, page_count) of the last chunk
     retired: bool = False
     created_by: _Peer | None = None  # the peer whose request created the room
     decode_dp: int | None = None  # decode DP group serving it (Note [DP routing]); None: unknown
     t_requested: float = 0.0  # every linked decode rank's TransferRequest arrived
+    t_forward_done: float = 0.0  # the forward wrote the last chunk (Note [Timeline stamps])
     remap_saved: list = field(default_factory=list)  # (row view, original bytes), Note [Slot-valued state]
     remapped: set = field(default_factory=set)  # components whose rows remap_saved holds
     stats: RequestStats = field(default_factory=RequestStats)
@@ -140,3 +142,6 @@ class _Recv:
     staged_links: int = 0  # links init() sent through the staged path
     t_start: float = field(default_factory=time.monotonic)  # receiver() made
     t_requested: float = 0.0  # init() sent the TransferRequests
+    t_arrived: float = 0.0  # the serving engine first saw the request (receiver(arrived=))
+    seen: bool = False  # the serving engine's poll() saw the terminal state
+    descriptors: int = 0  # what the prefill ranks submitted for it (their Success statuses)

@@ -121,8 +121,20 @@ def test_demo_metrics_scraped_with_rank_labels_and_transport_named(engine, trans
             assert f"pdc:kv_transfer_requests_total{{{lab}}} 5.0" in text, text
     lab = f'engine="{engine}",rank="dp0.pp0.tp0",side="decode"'
     assert f"pdc:kv_transfer_speed_gb_s_count{{{lab}}} 5.0" in text
+    # TP 2 -> TP 2: decode rank r hears from prefill rank r only, whose Success statuses say
+    # how many descriptors it submitted for decode.
+    for tp in (0, 1):
+        sent, recv = (_sample(text, "pdc:kv_transfer_descriptors_total",
+                             f'engine="{engine}",rank="dp0.pp0.tp{tp}",side="{side}"')
+                     for side in ("prefill", "decode"))
+        assert sent > 0 and recv == sent, (tp, sent, recv)
     assert got["transports"] and all(t.startswith(transport) for t in got["transports"])
     assert f"transport        {transport}" in out.getvalue()
+
+
+def _sample(text: str, name: str, labels: str) -> float:
+    prefix = f"{name}{{{labels}}} "
+    return next(float(ln[len(prefix):]) for ln in text.splitlines() if ln.startswith(prefix))
 
 
 def test_nixl_rejects_heterogeneous_qwen38_attention_tp(capsys):

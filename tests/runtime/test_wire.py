@@ -254,9 +254,9 @@ def test_wrong_fingerprint():
 
 def test_other_wire_version():
     buf = bytearray(enc(Abort(room=1, generation=0, decode_rank=RankId(0, 0))))
-    buf[4:6] = (2).to_bytes(2, "little")
+    buf[4:6] = (3).to_bytes(2, "little")
     assert rejects(reseal(buf)) == (
-        "header.version: peer speaks wire version 2, this side speaks 1: run the same pdc "
+        "header.version: peer speaks wire version 3, this side speaks 2: run the same pdc "
         "release on both sides")
 
 
@@ -291,7 +291,7 @@ def test_unknown_type_and_flags():
         "4 ABORT, 5 ABORT_ACK, 6 HEARTBEAT)")
     buf[6] = 4
     buf[7] = 0x80
-    assert rejects(reseal(buf)) == ("header.flags: 0x80 sets flags that wire version 1 does "
+    assert rejects(reseal(buf)) == ("header.flags: 0x80 sets flags that wire version 2 does "
                                     "not define")
 
 

