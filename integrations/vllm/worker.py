@@ -12,7 +12,8 @@ Per-layer streaming: a request whose prompt completes in this step is queued as 
 chunk in `start_load_kv`, before the forward; `save_kv_layer` reports each layer to pdc
 (`layer_done`), whose transfer thread sends that layer's blocks while the forward goes on;
 `wait_for_save` reports the forward done. On a GPU the layer's KV is only queued when the hook
-runs, so the hook records a CUDA event and pdc waits for it off the forward's thread.
+runs, so the hook records a CUDA event on the forward's stream and pdc issues the layer's writes
+once it completed, off the forward's thread (Note [Forward events] in events.py).
 
 Note [vLLM hybrid cache]: under vLLM's hybrid KV cache manager (PdcConnector declares
 SupportsHMA) a model with attention and state (GDN, Mamba) layers gets one KV cache group per
@@ -47,6 +48,7 @@ from pdc.runtime.plan_types import RankId
 from pdc.runtime.pools import EnginePools, RegistrationMismatch
 from vllm.model_executor.models.utils import extract_layer_index
 
+from .events import ForwardEvents
 from .groups import CacheGroups
 from .metadata import PdcConnectorMetadata, RecvReq
 from .plans import make_plan
@@ -111,6 +113,7 @@ class PdcWorker:
         self.failed_early: set[str] = set()  # load errors reported, blocks still pending
         self.sched_finished: set[str] = set()
         self.stats = PdcConnectorStats()
+        self.events = ForwardEvents()  # for the cache's device, once registered
         self._streaming = False
         self._lock = threading.Lock()
 
@@ -157,6 +160,7 @@ class PdcWorker:
                 self.tensors[(c.name, c.tensors[0], layer)] = v
         self.engine = make_engine(self.settings.engine,
                                   **engine_device(self.tensors, self.layout.spec_path))
+        self.events = ForwardEvents.of(self.tensors)
         # Decode opens its endpoint at the first request; the engine's transport report
         # (Mooncake: ~1 s) is asked now, at start, not then.
         self.engine.transport()
@@ -252,11 +256,12 @@ class PdcWorker:
 
     def save_kv_layer(self, layer_name: str) -> None:
         if self._streaming and self.prefill_ep is not None:
-            self.prefill_ep.layer_done(extract_layer_index(layer_name))
+            self.prefill_ep.layer_done(extract_layer_index(layer_name),
+                                       event=self.events.record())
 
     def wait_for_save(self) -> None:
         if self._streaming and self.prefill_ep is not None:
-            self.prefill_ep.forward_done()
+            self.prefill_ep.forward_done(event=self.events.record())
         self._streaming = False
 
     def get_finished(self, finished_req_ids: set[str]):
