@@ -12,7 +12,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from .metadata import PdcConnectorMetadata
-from .settings import parse_settings
+from .settings import check_parallel, parse_settings
 from .stats import PdcConnectorStats, PdcPromMetrics
 
 
@@ -25,6 +25,7 @@ class PdcConnector(KVConnectorBase_V1, SupportsHMA):
         super().__init__(vllm_config, role, kv_cache_config)
         cfg = vllm_config.kv_transfer_config
         self.settings = parse_settings(cfg.kv_role, cfg.kv_connector_extra_config)
+        check_parallel(vllm_config)
         self.sched = self.worker = None
         if role == KVConnectorRole.SCHEDULER:
             from .scheduler import PdcScheduler

@@ -69,3 +69,13 @@ def parse_settings(role: str, extra: dict | None) -> PdcSettings:
     if not isinstance(host, str) or not host:
         raise SettingsError(f"{_where('host')}: expected a host name or address")
     return PdcSettings(family, engine, role, peer_tp, host, knobs)
+
+
+def check_parallel(vllm_config) -> None:
+    """Refuse at engine start what the connector cannot serve, before any request comes."""
+    pp = vllm_config.parallel_config.pipeline_parallel_size
+    if pp > 1:
+        raise SettingsError(
+            f"PdcConnector: pipeline_parallel_size {pp}: pdc's vLLM connector moves the KV of "
+            f"one pipeline stage\n  hint: start the engine with pipeline_parallel_size=1 "
+            f"(spread the model with tensor_parallel_size, or run more engines)")

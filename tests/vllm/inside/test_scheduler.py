@@ -17,12 +17,14 @@ import torch
 from pdc.integrations.vllm.connector import PdcConnector
 from pdc.integrations.vllm.metadata import CancelReq, PdcConnectorMetadata, RecvReq, SendReq
 from pdc.integrations.vllm.scheduler import room_of
+from pdc.integrations.vllm.settings import SettingsError
 from vllm import SamplingParams
 from vllm.config import (
     CacheConfig,
     DeviceConfig,
     KVTransferConfig,
     ModelConfig,
+    ParallelConfig,
     SchedulerConfig,
     VllmConfig,
 )
@@ -53,10 +55,11 @@ def model_dir(tmp_path_factory):
     return str(path)
 
 
-def make_scheduler(model_dir: str, role: str, policy: str = "fail") -> Scheduler:
+def make_scheduler(model_dir: str, role: str, policy: str = "fail", pp: int = 1) -> Scheduler:
     model = ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="bfloat16", seed=0)
     config = VllmConfig(
         model_config=model,
+        parallel_config=ParallelConfig(pipeline_parallel_size=pp),
         scheduler_config=SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=1024,
                                          max_model_len=1024, enable_chunked_prefill=True,
                                          is_encoder_decoder=False),
@@ -151,6 +154,18 @@ def assert_empty(s: Scheduler) -> None:
 def test_the_connector_is_pdcs(prefill, decode):
     assert isinstance(prefill.connector, PdcConnector)
     assert isinstance(decode.connector, PdcConnector)
+
+
+@pytest.mark.parametrize("role", ["kv_producer", "kv_consumer"])
+def test_pipeline_parallel_is_refused_when_the_engine_starts(model_dir, role):
+    """vLLM makes the connector with its Scheduler (and in every worker) at engine start: a
+    PP engine stops there, not at its first request."""
+    with pytest.raises(SettingsError) as e:
+        make_scheduler(model_dir, role, pp=2)
+    assert str(e.value) == (
+        "PdcConnector: pipeline_parallel_size 2: pdc's vLLM connector moves the KV of one "
+        "pipeline stage\n  hint: start the engine with pipeline_parallel_size=1 (spread the "
+        "model with tensor_parallel_size, or run more engines)")
 
 
 def test_prefill_holds_its_blocks_until_they_are_sent(prefill):
