@@ -58,7 +58,8 @@ def check_deployments(spec: Spec, reparse, prove: bool) -> list[Diagnostic]:
 
             plan = lower(layout, Topology(pside, dside, d.backend), spec.backends, d.loc)
         except SpecErrors as e:
-            first = e.diagnostics[0].message
+            inner = e.diagnostics[0]  # located at the rule it breaks, when it has one
+            first = inner.message + (f" at {inner.loc}" if inner.loc.line else "")
             if not d.expect_rejected:
                 out.append(Diagnostic(d.loc, f"{what} is rejected: {first}",
                                       "fix the spec or the deployment, or mark it "

@@ -7,6 +7,8 @@ model would only repeat the same mistake in other words).
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 from .check import check_spec
@@ -23,7 +25,15 @@ def read_spec_text(path: str | Path, name: str) -> str | Diagnostic:
     At most MAX_SPEC_BYTES are read (Note [Spec limits]), so a huge file or a device that
     never ends costs no more than that."""
     try:
-        with open(path, "rb") as f:
+        # Opening a FIFO for reading blocks until a writer comes, and a device may never end:
+        # only a regular file is opened (and O_NONBLOCK keeps a FIFO swapped in after the
+        # stat from blocking the open).
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            return Diagnostic(Location(name), f"cannot read spec: it is {_file_kind(mode)}, "
+                              "not a regular file", "name a YAML file")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
             raw = f.read(MAX_SPEC_BYTES + 1)
     except OSError as e:
         return Diagnostic(Location(name), f"cannot read spec: {e.strerror or e}",
@@ -35,13 +45,25 @@ def read_spec_text(path: str | Path, name: str) -> str | Diagnostic:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        return Diagnostic(Location(name), f"the spec is not UTF-8 text (byte {e.start} "
-                                "is not)", "a spec is a YAML text file; is this the right file?")
+        line = raw.count(b"\n", 0, e.start) + 1
+        col = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1  # in bytes, 1-based
+        return Diagnostic(Location(name, line, col), f"the spec is not UTF-8 text (byte "
+                          f"{e.start}, 0x{raw[e.start]:02x}, is not)",
+                          "save the spec as UTF-8; a spec is a YAML text file")
     if "\x00" in text:
         return Diagnostic(Location(name), f"the spec holds a NUL byte (at byte "
                                 f"{raw.index(0)}): it looks like a binary file",
                                 "a spec is a YAML text file; is this the right file?")
     return text
+
+
+def _file_kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "a special file"
 
 
 def parse_spec_text(text: str, path: str, overrides: dict[str, int] | None = None,

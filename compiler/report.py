@@ -123,7 +123,10 @@ def report_tail(report: dict) -> list[str]:
     return out
 
 
-def render_json(report: dict, plan: Plan) -> str:
+def render_json(report: dict, plan: Plan, code: int, errors: list[dict]) -> str:
+    """`pdc plan --json`: the keys every command's JSON carries (`command`, `ok`, `exit`,
+    `errors`; Note [JSON output] in the CLI), the report and the whole plan."""
     out = dict(report)
-    out["plan"] = json.loads(plan.to_json())
+    out.update(command="plan", ok=code == 0, exit=code, errors=errors,
+               plan=json.loads(plan.to_json()))
     return json.dumps(out, indent=1, sort_keys=True) + "\n"

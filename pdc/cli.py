@@ -350,7 +350,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
             return _print_json("plan", 1, [{"file": "--svg/--png", "line": 0, "col": 0,
                                             "message": drawn, "hint": ""}]) if args.json else 1
     if args.json:
-        sys.stdout.write(render_json(report, plan))
+        # A coverage problem is the plan's own failure, at no spec line: located at the spec.
+        errors = [{"file": name, "line": 0, "col": 0, "message": str(pr),
+                   "hint": "a plan the lowering made broke coverage: report it as a pdc bug"}
+                  for pr in problems]
+        sys.stdout.write(render_json(report, plan, code, errors))
     else:
         print_plan(report, sys.stdout)
     return code

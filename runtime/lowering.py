@@ -114,15 +114,15 @@ def check_topology(layout: FamilyLayout, topo: Topology, backends: tuple[Backend
     if rule is not None and not rule.hetero_attention_tp and p.tp != d.tp:
         ok = [b.name for b in backends if b.hetero_attention_tp]
         errs.append(Diagnostic(
-            loc, f"backend '{rule.name}' does not support heterogeneous attention TP (prefill "
-            f"tp={p.tp}, decode tp={d.tp}): rule `hetero_attention_tp: false` at {rule.loc}"
+            rule.loc, f"backend '{rule.name}' does not support heterogeneous attention TP "
+            f"(prefill tp={p.tp}, decode tp={d.tp}): rule `hetero_attention_tp: false`"
             + (f" ({rule.why})" if rule.why else ""),
             "use equal attention TP on both sides"
             + (f", or a backend that allows it: {', '.join(ok)}" if ok else "")))
     if rule is not None and rule.max_pp is not None and max(p.pp, d.pp) > rule.max_pp:
         errs.append(Diagnostic(
-            loc, f"backend '{rule.name}' supports pp <= {rule.max_pp} (prefill pp={p.pp}, "
-            f"decode pp={d.pp}): rule `max_pp: {rule.max_pp}` at {rule.loc}"
+            rule.loc, f"backend '{rule.name}' supports pp <= {rule.max_pp} (prefill "
+            f"pp={p.pp}, decode pp={d.pp}): rule `max_pp: {rule.max_pp}`"
             + (f" ({rule.why})" if rule.why else ""),
             f"use pp <= {rule.max_pp} on both sides, or another backend"))
     if p.page_size != d.page_size:
@@ -138,7 +138,8 @@ def check_topology(layout: FamilyLayout, topo: Topology, backends: tuple[Backend
         for what, tp in (("prefill", p.tp), ("decode", d.tp)):
             if not c.shard.divisible(tp):
                 errs.append(Diagnostic(
-                    loc, f"component '{c.name}' cannot be sharded over {what} tp={tp}: its "
+                    component_location(c), f"component '{c.name}' cannot be sharded over "
+                    f"{what} tp={tp}: its "
                     f"sub-blocks hold {', '.join(map(str, c.shard.group_units))} units",
                     "each sub-block's unit count must be a multiple or a divisor of tp"))
     steps = lowering_steps(layout, topo)
@@ -154,6 +155,16 @@ def check_topology(layout: FamilyLayout, topo: Topology, backends: tuple[Backend
                     errs.append(Diagnostic(loc, f"no {what} stage owns request-wide component "
                                            f"'{c.name}'", "check its `stages` rule"))
     return errs
+
+
+def component_location(c: ComponentLayout) -> Location:
+    """Where the spec declares component `c` (its `loc` is "file:line:col"), so a rejected
+    topology points at the rule it breaks."""
+    file, _, rest = c.loc.rpartition(":")
+    file, _, line = file.rpartition(":")
+    if line.isdigit() and rest.isdigit():
+        return Location(file, int(line), int(rest))
+    return Location(c.loc)
 
 
 def lowering_steps(layout: FamilyLayout, topo: Topology) -> int:

@@ -13,6 +13,9 @@ import pytest
 
 from .compiler.spec_patches import write_bad_spec
 
+# Why tests were skipped, and how to run them, at the end of every run.
+from .support.skip_summary import pytest_terminal_summary  # noqa: E402,F401
+
 
 @pytest.fixture
 def bad_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[str], str]:

@@ -253,8 +253,8 @@ def test_demo_rejects_a_topology_the_backend_matrix_forbids(capsys):
     code, out, err = run(capsys, "demo", "--prefill", "tp=4", "--decode", "tp=1", "--engine",
                          "nixl", "--requests", "1")
     assert code == 1
-    assert "backend 'nixl' does not support heterogeneous attention TP (prefill tp=4, decode " \
-           "tp=1): rule `hetero_attention_tp: false` at specs/qwen38.yaml:" in err
+    assert "specs/qwen38.yaml:114:3: error: backend 'nixl' does not support heterogeneous " \
+           "attention TP (prefill tp=4, decode tp=1): rule `hetero_attention_tp: false`" in err
     assert "Traceback" not in err
 
 

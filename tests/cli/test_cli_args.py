@@ -76,12 +76,22 @@ def test_plan_usage_errors_exit_2_with_a_json_error(capsys, argv, message):
     assert message in obj["errors"][0]["message"] and obj["errors"][0]["hint"]
 
 
+def test_plan_success_json_carries_the_common_keys(capsys):
+    code, out, err = run(capsys, "plan", str(QWEN), "--prefill", "tp=4", "--decode", "tp=1",
+                         "--json")
+    obj = json.loads(out)
+    assert (code, err) == (0, "")
+    assert (obj["command"], obj["ok"], obj["exit"], obj["errors"]) == ("plan", True, 0, [])
+    assert obj["coverage"] == "proven" and obj["plan"]["links"]
+
+
 def test_plan_rejection_is_exit_1_with_the_rule_located(capsys):
     code, out, _ = run(capsys, "plan", str(QWEN), "--prefill", "tp=4", "--decode", "tp=1",
                        "--backend", "nixl", "--json")
     obj = json.loads(out)
     assert code == 1 and obj["exit"] == 1 and not obj["ok"]
     assert "hetero_attention_tp" in obj["errors"][0]["message"]
+    assert (obj["errors"][0]["line"], obj["errors"][0]["col"]) == (114, 3)  # the rule's line
 
 
 def test_validate_json(capsys, bad_spec):

@@ -69,11 +69,12 @@ def test_demo_json_names_the_rejected_topology(capsys):
     assert obj["requests"] == {"total": 20, "ok": 0, "failed": 0}
     assert obj["bytes_verified"] == 0 and obj["latency_ms"] == {"p50": None, "p99": None}
     [e] = obj["errors"]
-    assert e["file"] == "specs/qwen38.yaml" and e["hint"] == (
+    assert (e["file"], e["line"], e["col"]) == ("specs/qwen38.yaml", 114, 3)  # the rule's line
+    assert e["hint"] == (
         "use equal attention TP on both sides, or a backend that allows it: mooncake, local")
     assert e["message"].startswith(
         "backend 'nixl' does not support heterogeneous attention TP (prefill tp=4, decode tp=1): "
-        "rule `hetero_attention_tp: false` at specs/qwen38.yaml:")
+        "rule `hetero_attention_tp: false` (seed:")
 
 
 # ~~~ usage errors: exit 2, one JSON object ~~~

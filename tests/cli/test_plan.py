@@ -32,7 +32,11 @@ def test_plan_rejection_names_the_rule(capsys):
     code, out, err = run(capsys, "plan", str(QWEN), "--prefill", "tp=4", "--decode", "tp=1",
                          "--backend", "nixl")
     assert (code, out) == (1, "")
-    assert "rule `hetero_attention_tp: false` at specs/qwen38.yaml:" in err
+    assert err.startswith("specs/qwen38.yaml:114:3: error: backend 'nixl' does not support "
+                          "heterogeneous attention TP (prefill tp=4, decode tp=1): rule "
+                          "`hetero_attention_tp: false` (seed: NIXL fails fast on heterogeneous "
+                          "Qwen3.8 attention TP)\n"
+                          "    nixl: {hetero_attention_tp: false, why:")
     assert "Traceback" not in err
 
 

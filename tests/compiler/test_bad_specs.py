@@ -145,6 +145,38 @@ def test_an_unreadable_spec_is_an_error_not_a_traceback(capsys, monkeypatch, tmp
     )
 
 
+def test_a_fifo_is_refused_at_once_instead_of_blocking(capsys, monkeypatch, tmp_path):
+    """Opening a FIFO for reading would wait for a writer forever."""
+    monkeypatch.chdir(tmp_path)
+    os.mkfifo("spec.yaml")
+    rc, out, err = _validate(capsys, "spec.yaml")
+    assert (rc, out) == (1, "")
+    assert err == (
+        "spec.yaml: error: cannot read spec: it is a FIFO, not a regular file\n"
+        "  hint: name a YAML file\n"
+        "pdc validate: 1 error in 1 of 1 spec\n"
+    )
+
+
+def test_a_directory_is_refused_naming_what_it_is(capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "specs.yaml").mkdir()
+    rc, _, err = _validate(capsys, "specs.yaml")
+    assert rc == 1
+    assert err.splitlines()[0] == ("specs.yaml: error: cannot read spec: it is a directory, "
+                                   "not a regular file")
+
+
+def test_a_non_utf8_spec_names_line_and_column(capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "latin1.yaml").write_bytes(b"family: mini\n# caf\xe9 au lait\n")
+    rc, out, err = _validate(capsys, "latin1.yaml")
+    assert (rc, out) == (1, "")
+    assert err.splitlines()[0] == ("latin1.yaml:2:6: error: the spec is not UTF-8 text "
+                                   "(byte 18, 0xe9, is not)")
+    assert "  hint: save the spec as UTF-8; a spec is a YAML text file" in err
+
+
 @pytest.mark.parametrize("spec", sorted(p.name for p in (REPO / "specs").glob("*.yaml")))
 def test_real_spec_round_trips_through_the_cli(spec, capsys, monkeypatch, tmp_path):
     """validate says ok, and compile writes exactly the checked-in generated files."""

@@ -43,8 +43,8 @@ def test_rejected_for_another_reason(tmp_path):
     assert _errors(tmp_path, "  - {prefill: {tp: 3}, decode: {tp: 3}, backend: mooncake, "
                              "expect: rejected, error: max_pp}\n") == [
         "42: deployment 0 (prefill tp=3 -> decode tp=3 over mooncake) is rejected, but no "
-        "error mentions 'max_pp': component 'conv' cannot be sharded over decode tp=3: its "
-        "sub-blocks hold 4, 4, 4 units"]
+        "error mentions 'max_pp': component 'kv' cannot be sharded over decode tp=3: its "
+        "sub-blocks hold 2 units at mini.yaml:17:3"]
 
 
 def test_page_size_of_a_deployment_reevaluates_the_spec(tmp_path):

@@ -102,8 +102,9 @@ def test_family_plan_rejects_a_topology_naming_the_backend_rule():
     [d] = e.value.diagnostics
     assert d.message == (
         "backend 'nixl' does not support heterogeneous attention TP (prefill tp=4, decode "
-        "tp=1): rule `hetero_attention_tp: false` at specs/qwen38.yaml:114:3 (seed: NIXL fails "
+        "tp=1): rule `hetero_attention_tp: false` (seed: NIXL fails "
         "fast on heterogeneous Qwen3.8 attention TP)")
+    assert str(d.loc) == "specs/qwen38.yaml:114:3"  # the rule's own line
     assert d.hint == "use equal attention TP on both sides, or a backend that allows it: mooncake, local"
 
 

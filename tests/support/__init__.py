@@ -1,0 +1,1 @@
+"""Test support: the skip summary plugin and the SGLang CPU shims."""
