@@ -45,7 +45,13 @@ KNOBS = {k.name: k for k in (
     Knob("reconnect_interval_s", 1.0, "s", "decode re-reads the bootstrap table this often "
          "while a prefill peer is dead, and re-registers when that rank has a new address "
          "(a restarted prefill rank)"),
-    Knob("poll_sleep_s", 0.0002, "s", "idle sleep of the transfer worker between polls"),
+    Knob("poll_sleep_s", 0.0002, "s", "sleep of the transfer worker between polls of what "
+         "cannot wake it: CUDA events of the forward, and in-flight writes of an engine "
+         "that ends them only when polled (NIXL)"),
+    Knob("worker_poll", 0, "0/1", "1: the transfer worker polls every poll_sleep_s while "
+         "writes are in flight and every 10 x poll_sleep_s while idle, as before "
+         "2026-12-03, instead of sleeping until work or a finished batch wakes it (Note "
+         "[Completion wake-up]); a fallback, and the 'before' of bench/worker_wake.py"),
     # ~~~ addresses (Note [Bind and advertise] in control.py) ~~~
     Knob("bind_host", "127.0.0.1", "IP", "interface the control sockets (bootstrap server, "
          "hubs) listen on; a wildcard (0.0.0.0, ::) listens on all and then needs "

@@ -62,6 +62,7 @@ class PrefillHost:
     counters: Counter[str]
     _stop: threading.Event
     wake: threading.Event
+    _engine_wakes: bool
     _hb_seq: int
     _last_hb: float
     liveness: Liveness

@@ -87,6 +87,7 @@ class PrefillEndpoint(PrefillHandshake, PrefillControl, PrefillLiveness, Prefill
         self.counters: Counter = Counter()
         self._stop = threading.Event()
         self.wake = threading.Event()  # set when the worker may have new work
+        self._engine_wakes = engine.on_completion(self.wake.set)  # Note [Completion wake-up]
         self._hb_seq = 0
         self._last_hb = 0.0
         self.liveness = Liveness()  # of self.peers' incarnations (Note [Peer liveness])

@@ -32,6 +32,13 @@ else:  # Note [Typed mixins]: the hosts are for the type checker only
     PrefillHost = object
 
 
+# How often an idle transfer worker looks at its rooms' deadlines (seconds-long timeouts, and
+# rooms failed by the hub's liveness timer), and how long it sleeps with no room at all; new
+# work wakes it at once.
+_DEADLINE_CHECK_S = 0.05
+_IDLE_S = 1.0
+
+
 class PrefillWorker(PrefillHost):
     """Part of PrefillEndpoint (prefill.py), whose state these methods use."""
 
@@ -41,18 +48,19 @@ class PrefillWorker(PrefillHost):
 
     def _work(self) -> None:
         sleep_s = knobs.get("poll_sleep_s")
+        polled = bool(knobs.get("worker_poll"))
         while not self._stop.is_set():
             self.wake.clear()  # before the scan: work that arrives during it sets it again
-            busy = waiting = False
+            busy = inflight = False
             if self._waiting_events:
                 self._poll_events()
             with self.lock:
                 rooms = list(self.rooms.values())
-                waiting = bool(self._waiting_events)
+                events = bool(self._waiting_events)
             for r in rooms:
                 try:
                     busy |= self._advance(r)
-                    waiting |= bool(r.inflight)
+                    inflight |= bool(r.inflight)
                 except Exception as e:  # noqa: BLE001 - one room's bug must not stop all
                     import sys
                     import traceback
@@ -63,12 +71,16 @@ class PrefillWorker(PrefillHost):
                     with self.lock:
                         r.fail(f"internal error: {e!r}")
             if not busy:
-                # Nothing moved: poll in-flight writes again soon, but never spin on them;
-                # with none in flight, sleep until a message or a sender call wakes us.
-                if waiting:
+                # Nothing moved. Forward events (CUDA) and the writes of an engine that ends
+                # batches only when polled are polled again soon, never spun on; otherwise
+                # sleep until a message, a sender call or a finished batch wakes us (Note
+                # [Completion wake-up]), waking now and then for the rooms' deadlines.
+                if events or (inflight and (polled or not self._engine_wakes)):
                     time.sleep(sleep_s)
-                else:
+                elif polled:
                     self.wake.wait(sleep_s * 10)
+                else:
+                    self.wake.wait(_DEADLINE_CHECK_S if rooms else _IDLE_S)
 
     def _poll_inflight(self, r: _Room) -> None:
         still = []

@@ -127,6 +127,16 @@ class TransferEngine(ABC):
     @abstractmethod
     def poll(self, batch: Batch) -> BatchState: ...
 
+    def on_completion(self, callback) -> bool:
+        """Note [Completion wake-up]: an engine whose batches end on a thread of its own calls
+        `callback()` (from that thread, so it must only set an event) each time a batch
+        ends, and returns True; the endpoints' transfer worker then sleeps until woken
+        instead of polling in-flight batches every `poll_sleep_s`, which on a small host
+        takes the GIL thousands of times a second from the serving engine's threads. An
+        engine whose batches end only when polled (NIXL, whose poll drives UCX) returns
+        False and is polled."""
+        return False
+
     def wait(self, batch: Batch, timeout_s: float) -> None:
         import time
 

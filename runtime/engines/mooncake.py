@@ -114,8 +114,9 @@ class _Job:
 class _PeerWorker:
     """Owns every status query for one peer, so each batch id is asked about exactly once."""
 
-    def __init__(self, engine: Any, peer: str, max_entries: int) -> None:
+    def __init__(self, engine: Any, peer: str, max_entries: int, notify) -> None:
         self._engine = engine
+        self._notify = notify  # Note [Completion wake-up]
         self._peer = peer
         self._max_entries = max_entries
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
@@ -171,12 +172,12 @@ class _PeerWorker:
                 )
         return BatchState.DONE, ""
 
-    @staticmethod
-    def _finish(job: _Job, state: BatchState, reason: str) -> None:
+    def _finish(self, job: _Job, state: BatchState, reason: str) -> None:
         # reason first: a poller that sees FAILED must also see why.
         job.batch.reason = reason
         job.batch.state = state
         job.finished.set()
+        self._notify()
 
 
 class MooncakeEngine(TransferEngine):
@@ -270,6 +271,7 @@ class MooncakeEngine(TransferEngine):
         self._protocol, self._hostname = chosen, hostname
         self._regions = RegionTable()
         self._workers: dict[str, _PeerWorker] = {}
+        self._callbacks: list = []  # Note [Completion wake-up]
         self._lock = threading.Lock()
         self._closed = False
         self._transport: TransportInfo | None = None  # transport(): asked once
@@ -335,7 +337,8 @@ class MooncakeEngine(TransferEngine):
         with self._lock:
             self._check_open()
             if peer not in self._workers:
-                self._workers[peer] = _PeerWorker(self._engine, peer, self._max_entries)
+                self._workers[peer] = _PeerWorker(self._engine, peer, self._max_entries,
+                                                  self._notify)
         return peer
 
     # -- transfers ----------------------------------------------------------------------------
@@ -368,6 +371,15 @@ class MooncakeEngine(TransferEngine):
     def poll(self, batch: Batch) -> BatchState:
         # The worker is the only writer of batch.state; reading it never touches Mooncake.
         return batch.state
+
+    def on_completion(self, callback) -> bool:
+        """Note [Completion wake-up]: the peer workers end every batch on their threads."""
+        self._callbacks.append(callback)
+        return True
+
+    def _notify(self) -> None:
+        for cb in list(self._callbacks):
+            cb()
 
     def wait(self, batch: Batch, timeout_s: float) -> None:
         job = batch.handles[0] if batch.handles else None

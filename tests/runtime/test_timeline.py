@@ -116,3 +116,71 @@ def test_bench_timeline_reads_log_folders(tmp_path, pair, capsys):
         f"timeline: error: no finished request with both sides' kv_transfer lines in "
         f"{tmp_path / 'empty'}\n  hint: run the engines with PDC_TRANSFER_LOG=1\n")
     mark("first_token", "decode", 5)  # the knob is off: nothing logged, nothing raised
+
+
+class _WakingEngine:
+    """Wraps the tests' ManualEngine: batches end on `release()` (another thread), which
+    calls the completion callback (Note [Completion wake-up]); counts polls."""
+
+    def __init__(self, inner):
+        self.inner, self.polls, self.callbacks = inner, 0, []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def on_completion(self, callback) -> bool:
+        self.callbacks.append(callback)
+        return True
+
+    def poll(self, batch):
+        self.polls += 1
+        return self.inner.poll(batch)
+
+    def release(self):
+        n = self.inner.release()
+        for cb in self.callbacks:
+            cb()
+        return n
+
+
+def _polls_while_in_flight(fam, worker_poll: int) -> int:
+    import time
+
+    from pdc.runtime.control import BootstrapServer
+    from pdc.runtime.endpoints import DecodeEndpoint, PrefillEndpoint
+
+    from .failure_tools import R0, ManualEngine
+
+    knobs.override(worker_poll=worker_poll)
+    boot, peng = BootstrapServer(1), _WakingEngine(ManualEngine())
+    ppools, dpools = fam.pools("prefill"), fam.pools("decode")
+    pre = PrefillEndpoint(fam.layout, fam.wire, fam.plan, R0, 0, peng, ppools, boot.address)
+    dec = DecodeEndpoint(fam.layout, fam.wire, fam.plan, R0, 0, ManualEngine(), dpools,
+                         boot.address)
+    try:
+        dec.wait_ready(5)
+        peng.inner.hold = True
+        rv = dec.receiver(9)
+        rv.init(PAGES, slot=1, aux_row=1)
+        send_all(pre.sender(9), PAGES, 1)
+        wait_for(lambda: peng.inner.held, what="writes in flight")
+        before = peng.polls
+        time.sleep(0.3)
+        during = peng.polls - before
+        peng.release()
+        wait_for(lambda: rv.poll() == KVPoll.Success, what="decode's Success")
+        return during
+    finally:
+        dec.close()
+        pre.close()
+        boot.close()
+        knobs.reset()
+
+
+def test_the_worker_sleeps_until_the_engine_says_a_batch_ended(fam):
+    """An engine that reports finished batches wakes the transfer worker; it does not poll
+    them every poll_sleep_s (a few looks at its deadlines only), and worker_poll=1 brings
+    the polling back. Counts, not times: the writes stay in flight until released."""
+    woken = _polls_while_in_flight(fam, 0)
+    polled = _polls_while_in_flight(fam, 1)
+    assert woken < 20 < 60 < polled, (woken, polled)
