@@ -37,7 +37,8 @@ import sys
 import time
 from pathlib import Path
 
-from pdc.verify.reliability import Fault, RelConfig, report_dict, run
+from pdc.verify.reliability import run
+from pdc.verify.reliability_types import Fault, RelConfig, report_dict
 
 TINY = str(Path(__file__).resolve().parents[1] / "tests" / "runtime" / "specs" / "tiny.yaml")
 KNOBS = dict(heartbeat_interval_s=0.1, peer_dead_after_s=2.5, abort_ack_timeout_s=1.5,

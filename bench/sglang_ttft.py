@@ -3,7 +3,7 @@ and warm: pdc's backend or SGLang's own mooncake backend on the same server sett
 
 The first requests a decode server gets for a prefill server pay whatever the backend does to
 link the two (pdc: the decode endpoint opens, registers with every prefill rank); the next
-rounds show the steady state. One PD pair behind SGLang's router (pdc/sglang_harness.py),
+rounds show the steady state. One PD pair behind SGLang's router (pdc/serving/sglang_harness.py),
 the tiny random-weight Llama, `--prompts` mixed-length prompts (1-300 tokens) `--in-flight`
 at a time, `--rounds` times; per round the wall time and every prompt's TTFT in prompt order.
 
@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 
-from pdc import sglang_harness as H
+from pdc.serving import sglang_harness as H
 
 
 def main() -> int:

@@ -14,7 +14,8 @@ from pathlib import Path
 from .check import check_spec
 from .diagnostics import Diagnostic, Diagnostics, Location, SpecErrors
 from .limits import MAX_SPEC_BYTES
-from .model import Spec, build_spec
+from .model import Spec
+from .model_build import build_spec
 from .schema import validate_shape
 from .yaml_loader import load_located
 

@@ -6,8 +6,8 @@ terminal it has rich's rules and colours; anywhere else (a pipe, a log file, a t
 capture) the same table is plain ASCII lines with no trailing blanks and no escape codes.
 Progress goes to stderr: on a terminal a rich status line or bar redrawn in place; anywhere
 else one plain line per step (at most about ten for a count), never a carriage return. With
---json stdout carries the JSON object only (Note [JSON output] in pdc/cli.py), so the
-commands send their text to stderr.
+--json stdout carries the JSON object only (Note [JSON output] in pdc/commands/common.py), so
+the commands send their text to stderr.
 """
 
 from __future__ import annotations

@@ -107,7 +107,7 @@ class ComponentLayout:
     # token slots of the KV page pool (page id * page_size + offset; < 0 padding), remapped.
     holds: str = "data"
     # Bytes from one item's start to the next in the engine's memory at TP 1 (Note [Item
-    # pitch] in compiler/model.py); 0: items are packed, item_bytes apart. Slot state only.
+    # pitch] in compiler/model_build.py); 0: items are packed, item_bytes apart. Slot state only.
     pitch: int = 0
 
     def prefix_pages(self, prefix_tokens: int, page_size: int) -> int:

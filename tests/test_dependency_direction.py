@@ -26,6 +26,8 @@ ALLOWED = {
     "integrations": ("pdc.integrations", {"pdc.integrations", "pdc.runtime"}),
     "pdc/verify": ("pdc.verify", {"pdc.verify", "pdc.runtime", "pdc.compiler", "pdc.generated",
                                   "pdc.console"}),
+    "pdc/serving": ("pdc.serving", {"pdc.serving", "pdc.runtime", "pdc.integrations",
+                                    "pdc.console"}),
 }
 
 

@@ -59,7 +59,7 @@ LOG = logging.getLogger("pdc.vllm")
 _TERMINAL = (KVPoll.Success, KVPoll.Failed)
 
 # What each finished request moved, by vLLM request id, for a driver that runs the engine in
-# its own process (pdc.vllm_engine reports it with the request's output). Bounded.
+# its own process (pdc.serving.vllm_engine reports it with the request's output). Bounded.
 TRANSFERS: OrderedDict[str, dict] = OrderedDict()
 _MAX_TRANSFERS = 4096
 

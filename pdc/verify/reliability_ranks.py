@@ -35,7 +35,7 @@ import numpy as np
 from pdc.verify.ranks import ROLE_DECODE, ROLE_PREFILL, request_labels
 
 if TYPE_CHECKING:
-    from pdc.verify.reliability import RelConfig
+    from pdc.verify.reliability_types import RelConfig
 
 POISON, CANARY = 0xA5, 0x5A
 

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from pdc import cli
-from pdc.cli import COMMANDS, arg, command, main
+from pdc.cli import main
+from pdc.commands import common
+from pdc.commands.common import COMMANDS, arg, command
 
 REPO = Path(__file__).resolve().parents[2]
 QWEN = REPO / "specs" / "qwen38.yaml"
@@ -278,7 +279,7 @@ def test_demo_metrics_port_out_of_range_is_a_usage_error(capsys):
 
 
 def test_a_subcommand_is_one_decorated_function(monkeypatch, capsys):
-    monkeypatch.setattr(cli, "COMMANDS", dict(COMMANDS))
+    monkeypatch.setattr(common, "COMMANDS", dict(COMMANDS))
 
     @command("echo", arg("words", nargs="+"), arg("--loud", action="store_true"))
     def cmd_echo(args):

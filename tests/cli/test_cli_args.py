@@ -2,7 +2,7 @@
 
 Exit codes: 0 success, 1 a spec error or a failed run, 2 a usage error (a malformed or
 out-of-range argument). With --json every command prints one JSON object on stdout, errors
-included (Note [JSON output] in pdc/cli.py).
+included (Note [JSON output] in pdc/commands/common.py).
 """
 
 from __future__ import annotations

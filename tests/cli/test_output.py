@@ -1,5 +1,5 @@
-"""What the commands print: `--json` of demo and parity (Note [JSON output] in pdc/cli.py),
-usage errors as JSON objects, and tables and progress from rich that are plain lines without
+"""What the commands print: `--json` of demo and parity (Note [JSON output] in
+pdc/commands/common.py), usage errors as JSON objects, and tables and progress from rich that are plain lines without
 carriage returns when not on a terminal and fit 100 columns (Note [Console output] in
 pdc/console.py)."""
 
@@ -300,7 +300,7 @@ def test_a_table_on_a_terminal_has_rich_styles_and_in_a_log_plain_lines(monkeypa
 
 
 def test_sglang_demo_table(capsys):
-    from pdc.sglang_demo import Row, print_rows
+    from pdc.serving.sglang_demo import Row, print_rows
 
     rows = [Row("pdc", "mooncake", 16, 0, 0, 12.345, 16, 1.23, 120, 340, 12.3, []),
             Row("mooncake", "mooncake", 15, 1, 1, 12.3, 16, 2.5, 150, 400, 13.0,
@@ -324,7 +324,7 @@ def test_sglang_demo_table(capsys):
 
 
 def test_vllm_demo_table_wraps_a_long_failure():
-    from pdc.vllm_demo import Outcome, print_outcomes
+    from pdc.serving.vllm_demo import Outcome, print_outcomes
 
     outcomes = [Outcome(0, 17, [1], [1], {"ok": True, "bytes": 123456, "prefix_tokens": 0}, 0.1),
                 Outcome(1, 300, [1], [2], {"ok": True, "bytes": 5, "prefix_tokens": 16}, 0.2,

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from pdc import sglang_harness as H
+from pdc.serving import sglang_harness as H
 
 PYTHON = H.sglang_python()
 pytestmark = [

@@ -17,7 +17,7 @@ import urllib.error
 
 import pytest
 
-from pdc import sglang_harness as H
+from pdc.serving import sglang_harness as H
 
 PYTHON = H.sglang_python()
 pytestmark = [

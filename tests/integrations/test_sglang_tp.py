@@ -19,7 +19,7 @@ import tempfile
 
 import pytest
 
-from pdc import sglang_harness as H
+from pdc.serving import sglang_harness as H
 
 PYTHON = H.sglang_python()
 pytestmark = [

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdc.verify.parity import DEFAULT_THREADS
+from pdc.verify.parity_case import DEFAULT_THREADS
 
 try:
     import torch

@@ -20,7 +20,10 @@ import pytest
 pytest.importorskip("transformers")
 
 from pdc.cli import main  # noqa: E402
-from pdc.verify.parity import ParityError, ParityWorkers, judge, prepare  # noqa: E402
+from pdc.verify.parity import prepare  # noqa: E402
+from pdc.verify.parity_case import ParityError  # noqa: E402
+from pdc.verify.parity_judge import judge  # noqa: E402
+from pdc.verify.parity_workers import ParityWorkers  # noqa: E402
 
 pytestmark = pytest.mark.engines
 
@@ -127,7 +130,7 @@ def test_one_chunk_reference_is_hf_state_aggregate_generate(workers):
     import torch
 
     from pdc.verify import hf_state as H
-    from pdc.verify.parity import parse_state
+    from pdc.verify.parity_judge import parse_state
 
     case, outcome, verdict = run_case(workers, "hf-llama", "tp=1", "tp=1", "nixl",
                                       chunk_tokens=20)

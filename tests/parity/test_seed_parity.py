@@ -22,7 +22,10 @@ pytest.importorskip("torch")
 from pdc.runtime.plan_types import Plan, RankId  # noqa: E402
 
 from pdc.cli import main  # noqa: E402
-from pdc.verify.parity import ParityError, ParityWorkers, judge, prepare  # noqa: E402
+from pdc.verify.parity import prepare  # noqa: E402
+from pdc.verify.parity_case import ParityError  # noqa: E402
+from pdc.verify.parity_judge import judge  # noqa: E402
+from pdc.verify.parity_workers import ParityWorkers  # noqa: E402
 
 pytestmark = pytest.mark.engines
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from pdc.verify.reliability import Fault, RelConfig, run
+from pdc.verify.reliability import run
+from pdc.verify.reliability_types import Fault, RelConfig
 
 pytestmark = pytest.mark.engines
 

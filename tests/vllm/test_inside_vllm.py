@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pdc.vllm_env import HINT, vllm_python
+from pdc.serving.vllm_env import HINT, vllm_python
 
 INSIDE = Path(__file__).parent / "inside"
 

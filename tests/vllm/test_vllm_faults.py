@@ -3,7 +3,7 @@ either side while a transfer is open, peer death. One prefill and one decode eng
 transfer engine serve every test of this module (engines take ~20 s each to start); the peer
 death test kills the prefill engine, so it runs last.
 
-Leak checks read vLLM's own block pool and the connector's accounting (pdc.vllm_engine's
+Leak checks read vLLM's own block pool and the connector's accounting (pdc.serving.vllm_engine's
 `free_blocks` op): after each test every block is back in vLLM's free queue (all but its null
 block), no request is left in either scheduler, and the connector holds nothing.
 """
@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from pdc.vllm_demo import Engine
-from pdc.vllm_env import HINT, vllm_python
+from pdc.serving.vllm_demo import Engine
+from pdc.serving.vllm_env import HINT, vllm_python
 
 pytestmark = pytest.mark.engines
 

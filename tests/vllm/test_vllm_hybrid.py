@@ -22,7 +22,7 @@ import sys
 
 import pytest
 
-from pdc.vllm_env import HINT, vllm_python
+from pdc.serving.vllm_env import HINT, vllm_python
 
 pytestmark = pytest.mark.engines
 

@@ -2,7 +2,7 @@
 
 Run by the vLLM environment's python (Note [vLLM environment]):
 
-    python -m pdc.vllm_engine --model DIR --role prefill|decode|single --engine mooncake \
+    python -m pdc.serving.vllm_engine --model DIR --role prefill|decode|single --engine mooncake \
         --family vllm-llama --port-file PATH [--block-size 32]
 
 It binds a ROUTER socket on a random loopback port, writes the address to --port-file, and
@@ -138,7 +138,7 @@ def main(argv=None) -> int:
     if argv is None and len(sys.argv) >= 2 and sys.argv[1] == "--make-model":
         make_model(sys.argv[2], sys.argv[3])
         return 0
-    ap = argparse.ArgumentParser(prog="pdc.vllm_engine")
+    ap = argparse.ArgumentParser(prog="pdc.serving.vllm_engine")
     ap.add_argument("--model", required=True)
     ap.add_argument("--role", choices=("prefill", "decode", "single"), required=True)
     ap.add_argument("--engine", default="mooncake")

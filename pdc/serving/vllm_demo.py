@@ -5,8 +5,8 @@ integrations/vllm/scheduler.py): each prompt goes to the prefill engine with `ma
 and `{"do_remote_decode": true}`, then to the decode engine with the `kv_transfer_params`
 prefill returned. A third engine, alone, gives the reference: every token decode generates
 must equal its greedy output. Engines are separate processes of the vLLM environment
-(pdc.vllm_engine), serving a tiny random-weight Llama made at run time whose cache matches
-the family's layout.
+(pdc.serving.vllm_engine), serving a tiny random-weight Llama made at run time whose cache
+matches the family's layout.
 
 Note [Engine threads]: on a small CPU box two engines share the cores. vLLM reserves a core
 for a connector and falls back to fewer OpenMP threads, and torch's results depend on the
@@ -52,7 +52,7 @@ def engine_env(core: int | str) -> dict:
 
 
 class Engine:
-    """One pdc.vllm_engine process and a DEALER socket to it."""
+    """One pdc.serving.vllm_engine process and a DEALER socket to it."""
 
     def __init__(self, python: str, workdir: Path, role: str, model: str, family: str,
                  engine: str, core: int | str, block_size: int = 32, extra: dict | None = None,
@@ -64,7 +64,7 @@ class Engine:
         self.port_file = workdir / f"{role}.port"
         for f in (self.port_file, Path(f"{self.port_file}.err")):
             f.unlink(missing_ok=True)
-        cmd = [python, "-m", "pdc.vllm_engine", "--model", model, "--role", role,
+        cmd = [python, "-m", "pdc.serving.vllm_engine", "--model", model, "--role", role,
                "--engine", engine, "--family", family, "--port-file", str(self.port_file),
                "--block-size", str(block_size), "--tp", str(tp)]
         if extra:
@@ -236,7 +236,7 @@ def print_outcomes(outcomes: list[Outcome], engine_name: str, out) -> None:
     """One row per prompt (Note [Console output] in pdc/console.py)."""
     from rich.markup import escape
 
-    from .console import print_table
+    from ..console import print_table
 
     rows = []
     for o in outcomes:
@@ -252,7 +252,7 @@ def print_outcomes(outcomes: list[Outcome], engine_name: str, out) -> None:
 def run_demo(family: str, engine_name: str, n_prompts: int, max_tokens: int, seed: int,
              out=None, keep: bool = False) -> int:
     """Results on `out` (stdout), progress and errors on stderr."""
-    from .console import Counter, phase_printer, wrap
+    from ..console import Counter, phase_printer, wrap
 
     out = out if out is not None else sys.stdout
     python = vllm_python()
@@ -264,7 +264,7 @@ def run_demo(family: str, engine_name: str, n_prompts: int, max_tokens: int, see
     try:
         t0 = time.monotonic()
         model = str(work / "model")
-        r = subprocess.run([python, "-m", "pdc.vllm_engine", "--make-model", model, family],
+        r = subprocess.run([python, "-m", "pdc.serving.vllm_engine", "--make-model", model, family],
                            capture_output=True, text=True, env=engine_env(0))
         if r.returncode != 0:
             raise DemoError(f"making the model failed: {r.stderr.strip()[-2000:]}")

@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..console import Counter, print_table, wrap
 from . import sglang_harness as H
-from .console import Counter, print_table, wrap
 
 
 @dataclass
