@@ -12,6 +12,7 @@ callback running on the hub thread.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import json
 import threading
@@ -21,7 +22,8 @@ from dataclasses import dataclass
 
 import zmq
 
-from . import knobs
+from . import auth, knobs
+from .bringup import not_an_address, not_local, silent
 
 LOOPBACK = "127.0.0.1"
 _WILDCARDS = ("0.0.0.0", "::", "*")
@@ -57,9 +59,7 @@ class HostSettings:
             try:
                 ipaddress.ip_address(host)
             except ValueError:
-                raise ControlError(
-                    f"{what} {host!r} is not an IP address; hint: give an IPv4 or IPv6 "
-                    f"literal (PDC_{what.upper()}), not a host name") from None
+                raise ControlError(not_an_address(what, host)) from None
         if self.advertise in _WILDCARDS:
             raise ControlError(
                 f"bind_host {self.bind_host!r} is a wildcard, so peers need an address to "
@@ -72,6 +72,22 @@ class HostSettings:
     @property
     def ipv6(self) -> bool:
         return ":" in self.bind_host or ":" in self.advertise
+
+
+def _key(bind_host: str | None, what: str) -> bytes | None:
+    """This process's control key (Note [Control authentication]); a listening socket also
+    checks Note [Auth default] for its bind host."""
+    try:
+        return auth.control_key() if bind_host is None else auth.listening_key(bind_host, what)
+    except auth.AuthError as e:
+        raise ControlError(str(e)) from None
+
+
+def peer_address(frame: zmq.Frame) -> str:
+    try:
+        return str(frame.get("Peer-Address"))
+    except (zmq.ZMQError, AttributeError, TypeError):
+        return ""
 
 
 def _tcp(host: str, port: int | None = None) -> str:
@@ -89,8 +105,24 @@ def _bind_random(sock: zmq.Socket, hosts: HostSettings) -> str:
     if hosts.ipv6:
         sock.setsockopt(zmq.IPV6, 1)
     bind = "*" if hosts.bind_host in _WILDCARDS else hosts.bind_host
-    port = sock.bind_to_random_port(_tcp(bind) if bind != "*" else "tcp://*")
+    try:
+        port = sock.bind_to_random_port(_tcp(bind) if bind != "*" else "tcp://*")
+    except zmq.ZMQError as e:
+        sock.close(0)
+        raise ControlError(_bind_error(hosts.bind_host, None, e)) from None
     return _tcp(hosts.advertise, port)
+
+
+def _bind_error(host: str, port: int | None, e: zmq.ZMQError) -> str:
+    """Why a control socket cannot listen, with the fix."""
+    if e.errno == errno.EADDRNOTAVAIL:
+        return not_local(host, "bind_host")
+    where = f"{host}:{port}" if port is not None else host
+    if e.errno == errno.EADDRINUSE:
+        return (f"cannot listen on {where}: the port is in use (another process listens on "
+                "it, e.g. an earlier server still running); hint: stop that process or choose "
+                "another port")
+    return f"cannot listen on {where}: {e}"
 
 
 class BootstrapServer:
@@ -110,6 +142,7 @@ class BootstrapServer:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.MAXMSGSIZE, 64 << 10)
         hosts = hosts or HostSettings.from_knobs()
+        key = _key(hosts.bind_host, "the bootstrap server")
         if port is None:
             self.address = _bind_random(self.sock, hosts)
         else:
@@ -120,12 +153,37 @@ class BootstrapServer:
                 self.sock.bind(f"tcp://*:{port}" if bind == "*" else _tcp(bind, port))
             except zmq.ZMQError as e:
                 self.sock.close(0)
-                raise ControlError(f"bootstrap server cannot listen on port {port}: {e}") \
+                raise ControlError("bootstrap server: " + _bind_error(hosts.bind_host, port, e)) \
                     from None
             self.address = _tcp(hosts.advertise, port)
+        self._nonces = auth.BootstrapNonces(key, self.address) if key else None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pdc-bootstrap", daemon=True)
         self._thread.start()
+
+    def _answer(self, req: bytes, peer: str) -> bytes:
+        """The reply to one request, authenticated when this table has a key."""
+        nonces = self._nonces
+        if nonces is None:
+            if auth.is_auth_frame(req) or _op(req) == "nonce":
+                return json.dumps({"error": "this bootstrap server runs without a control "
+                                   "secret, and the client has one; hint: give both sides "
+                                   "the same secret, or neither"}).encode()
+            return json.dumps(self._reply(req)).encode()
+        if _op(req) == "nonce":
+            return nonces.issue()
+        opened = nonces.open(req)
+        if opened is None:
+            nonces.refused.refuse(b"", peer, auth.NOT_AUTHENTICATED)
+            return json.dumps({"error": "unauthenticated request refused (no control secret, "
+                               "or a different one); hint: give every prefill and decode "
+                               "process the same secret (PDC_CONTROL_SECRET_FILE)"}).encode()
+        snonce, cnonce, body = opened
+        return nonces.seal_reply(snonce, cnonce, json.dumps(self._reply(body)).encode())
+
+    @property
+    def refused(self) -> int:
+        return self._nonces.refused.count if self._nonces is not None else 0
 
     def _reply(self, req: bytes) -> dict:
         try:
@@ -164,10 +222,10 @@ class BootstrapServer:
             if not poller.poll(50):
                 continue
             try:
-                req = self.sock.recv()
+                frame = self.sock.recv(copy=False)
             except zmq.ZMQError:
                 continue
-            self.sock.send(json.dumps(self._reply(req)).encode())
+            self.sock.send(self._answer(frame.bytes, peer_address(frame)))
         self.sock.close(0)
 
     def close(self) -> None:
@@ -175,25 +233,65 @@ class BootstrapServer:
         self._thread.join(timeout=2)
 
 
+def _op(req: bytes) -> str:
+    try:
+        return str(json.loads(req).get("op", ""))
+    except (ValueError, AttributeError, UnicodeDecodeError):
+        return ""
+
+
 def bootstrap_call(address: str, request: dict, timeout_s: float) -> dict:
+    key = _key(None, "")
     ctx: zmq.Context = zmq.Context.instance()
     sock = ctx.socket(zmq.REQ)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVTIMEO, int(timeout_s * 1000))
     sock.setsockopt(zmq.SNDTIMEO, int(timeout_s * 1000))
+    body = json.dumps(request).encode()
     try:
         enable_ipv6(sock, address)
         sock.connect(address)
-        sock.send(json.dumps(request).encode())
-        reply = json.loads(sock.recv())
+        if key is None:
+            sock.send(body)
+            raw = sock.recv()
+        else:
+            sock.send(auth.NONCE_REQUEST)
+            got = _json(sock.recv(), address)
+            if "error" in got:
+                raise ControlError(f"bootstrap server {address}: {got['error']}")
+            try:
+                snonce = bytes.fromhex(str(got.get("nonce", "")))
+            except ValueError:
+                raise ControlError(f"bootstrap server {address} sent a bad nonce") from None
+            frame, cnonce = auth.seal_boot_request(key, snonce, body)
+            sock.send(frame)
+            answer = sock.recv()
+            opened = auth.open_boot_reply(key, snonce, cnonce, answer)
+            if opened is None and not answer.startswith(b"{"):
+                raise ControlError(f"bootstrap server {address} answered without the same "
+                                   "control secret; hint: give every prefill and decode "
+                                   "process the same secret (PDC_CONTROL_SECRET_FILE)")
+            raw = answer if opened is None else opened
+        reply = _json(raw, address)
     except zmq.Again:
-        raise ControlError(f"bootstrap server {address} did not answer within {timeout_s} s") \
-            from None
+        raise ControlError(silent(f"bootstrap server {address}", timeout_s,
+                                  HostSettings.from_knobs().advertise)) from None
     finally:
         sock.close(0)
     if "error" in reply:
         raise ControlError(f"bootstrap server {address}: {reply['error']}")
     return reply
+
+
+def _json(raw: bytes, address: str) -> dict:
+    try:
+        out = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        out = None
+    if not isinstance(out, dict):
+        raise ControlError(f"bootstrap server {address} sent a reply that is not a JSON object "
+                           "(is it a pdc bootstrap server?)")
+    return out
 
 
 def _rank_key(key: str) -> tuple[int, int, int]:
@@ -232,10 +330,19 @@ class Hub:
     """
 
     def __init__(self, handler, bind: bool, on_tick=None, ctx: zmq.Context | None = None,
-                 hosts: HostSettings | None = None):
+                 hosts: HostSettings | None = None, on_refused=None):
         self.ctx = ctx or zmq.Context.instance()
         self.handler = handler  # handler(peer_key: bytes|str, payload: bytes) on the hub thread
         self.on_tick = on_tick  # called on the hub thread at least every 50 ms
+        # on_refused(name, reason), client side, hub thread: a peer refused our messages
+        # (authentication, Note [Control authentication]); once per connection
+        self.on_refused = on_refused
+        hosts = hosts or HostSettings.from_knobs()
+        self._key = _key(hosts.bind_host if bind else None, "a control socket")
+        self._server_auth: auth.ServerSessions | None = None
+        self._client_auth: dict[str, auth.ClientSession] = {}
+        self._peer_addr: dict[str, str] = {}
+        self._told: set[str] = set()  # names whose refusal went to on_refused
         self.bind = bind
         self.dropped = 0  # outgoing messages refused by a full queue or a vanished peer
         self.handler_errors = 0
@@ -259,7 +366,9 @@ class Hub:
             self._router = self.ctx.socket(zmq.ROUTER)
             self._configure(self._router)
             self._router.setsockopt(zmq.ROUTER_MANDATORY, 0)
-            self.address = _bind_random(self._router, hosts or HostSettings.from_knobs())
+            self.address = _bind_random(self._router, hosts)
+            if self._key is not None:
+                self._server_auth = auth.ServerSessions(self._key, self.address)
             self._poller.register(self._router, zmq.POLLIN)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pdc-hub", daemon=True)
@@ -302,20 +411,115 @@ class Hub:
         s.connect(address)
         self._dealers[name] = s
         self._names[s] = name
+        self._peer_addr[name] = address
+        self._told.discard(name)
         self._poller.register(s, zmq.POLLIN)
+        if self._key is not None:
+            session = self._client_auth[name] = auth.ClientSession(self._key)
+            self._send(s, session.hello())
+
+    def _send(self, s: zmq.Socket, frame: bytes) -> None:
+        try:
+            s.send(frame, zmq.NOBLOCK)
+        except zmq.ZMQError:
+            self.dropped += 1
+
+    @property
+    def refused(self) -> int:
+        """Frames this hub's socket refused as unauthenticated."""
+        return self._server_auth.refused.count if self._server_auth is not None else 0
 
     def _deliver(self, key: bytes, payload: bytes) -> None:
         try:
             if self._router is not None:
+                if self._server_auth is not None:
+                    sealed = self._server_auth.seal(key, payload)
+                    if sealed is None:  # never answer a peer that has not proven the key
+                        self.dropped += 1
+                        return
+                    payload = sealed
                 self._router.send_multipart([key, payload], zmq.NOBLOCK)
             else:
-                s = self._dealers.get(key.decode(errors="replace"))
+                name = key.decode(errors="replace")
+                s = self._dealers.get(name)
                 if s is None:
                     self.dropped += 1
                     return
+                session = self._client_auth.get(name)
+                if session is not None:
+                    if not session.session:  # the challenge is not done yet
+                        if len(session.queue) < self._depth:
+                            session.queue.append(payload)
+                        else:
+                            self.dropped += 1
+                        return
+                    payload = session.seal(payload)
                 s.send(payload, zmq.NOBLOCK)
         except zmq.ZMQError:
             self.dropped += 1  # full queue or peer gone: its requests fail by deadline
+
+    def _from_peer(self, identity: bytes, frame: zmq.Frame) -> None:
+        """A frame at the ROUTER: authenticated (or not required), then to the handler."""
+        payload = frame.bytes
+        if self._server_auth is None:
+            if auth.is_auth_frame(payload) and payload[len(auth.MAGIC)] == auth.HELLO:
+                self._answer(identity, auth.refuse_frame(auth.NO_SECRET))
+                return
+            self._dispatch(identity, payload)
+            return
+        opened, answer = self._server_auth.on_frame(identity, payload, peer_address(frame))
+        if answer is not None:
+            self._answer(identity, answer)
+        if opened is not None:
+            self._dispatch(identity, opened)
+
+    def _answer(self, identity: bytes, frame: bytes) -> None:
+        assert self._router is not None
+        try:
+            self._router.send_multipart([identity, frame], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            self.dropped += 1
+
+    def _from_server(self, name: str, s: zmq.Socket, payload: bytes) -> None:
+        """A frame at a DEALER: the challenge, a refusal, or (authenticated) a message."""
+        refused = auth.parse_refuse(payload)
+        session = self._client_auth.get(name)
+        if session is None:
+            if refused is not None:
+                self._refused(name, refused[1])
+            else:
+                self._dispatch(name, payload)
+            return
+        if not session.session and session.on_challenge(payload):
+            queued, session.queue = session.queue, []
+            for p in queued:
+                self._send(s, session.seal(p))
+            return
+        if refused is not None:
+            if refused[0] == auth.UNKNOWN_SESSION:
+                hello = session.restart()  # the server restarted: a new handshake
+                if hello is not None:
+                    self._send(s, hello)
+            else:
+                self._refused(name, refused[1])
+            return
+        opened = session.open(payload)
+        if opened is not None:
+            self._dispatch(name, opened)
+        elif auth.is_auth_frame(payload) and payload[len(auth.MAGIC)] == auth.CHALLENGE:
+            self._refused(name, "answered the challenge without the same control secret; hint: "
+                                "give every prefill and decode process the same secret "
+                                "(PDC_CONTROL_SECRET_FILE)")
+        elif not auth.is_auth_frame(payload):
+            self._refused(name, "answered without authentication (it runs without a control "
+                                "secret, and this process has one); hint: give both sides the "
+                                "same secret, or neither")
+
+    def _refused(self, name: str, reason: str) -> None:
+        if name in self._told or self.on_refused is None:
+            return
+        self._told.add(name)
+        self._guard(self.on_refused, name, f"{self._peer_addr.get(name, name)} {reason}")
 
     def _run(self) -> None:
         limit = int(knobs.get("max_messages_per_tick"))
@@ -334,11 +538,11 @@ class Hub:
             if self._router is not None and self._router in events:
                 for _ in range(limit):
                     try:
-                        frames = self._router.recv_multipart(zmq.NOBLOCK)
+                        frames = self._router.recv_multipart(zmq.NOBLOCK, copy=False)
                     except zmq.Again:
                         break
                     if len(frames) == 2:
-                        self._dispatch(frames[0], frames[1])
+                        self._from_peer(frames[0].bytes, frames[1])
             for s, name in list(self._names.items()):
                 if s in events:
                     for _ in range(limit):
@@ -348,7 +552,7 @@ class Hub:
                             break
                         except zmq.ZMQError:
                             break
-                        self._dispatch(name, payload)
+                        self._from_server(name, s, payload)
             if self.on_tick is not None:
                 self._guard(self.on_tick)
         for s in list(self._dealers.values()):

@@ -58,6 +58,16 @@ KNOBS = {k.name: k for k in (
          "advertise_host"),
     Knob("advertise_host", "", "IP", "address peers are told to dial for this process's "
          "control sockets and its transfer engine (Mooncake's hostname); empty = bind_host"),
+    # ~~~ authentication (Note [Control authentication] in auth.py) ~~~
+    Knob("control_auth", "auto", "auto/on/off", "auto: authenticate every control message "
+         "when a secret is set, and refuse to listen on a non-loopback bind_host without one "
+         "(Note [Auth default]); on: require a secret; off: never authenticate (a trusted "
+         "network only)"),
+    Knob("control_secret_file", "", "path", "file holding the control secret (16+ bytes; "
+         "surrounding whitespace ignored); every prefill and decode process of a deployment "
+         "needs the same one"),
+    Knob("control_secret", "", "text", "the control secret itself, when no file is given "
+         "(set it in the environment only: never pass a secret as a command-line flag)"),
     # ~~~ limits (everything keyed by peer input is capped) ~~~
     Knob("max_message_bytes", 64 << 20, "bytes", "control messages above this are refused "
          "by ZeroMQ before decoding (the sending connection is dropped)"),
@@ -72,6 +82,9 @@ KNOBS = {k.name: k for k in (
     Knob("max_registrations", 1024, "peers", "transfer-engine peers a prefill rank connects "
          "over its lifetime (registrations and re-registrations of restarted decode ranks); "
          "more are refused with a reason"),
+    Knob("max_control_sessions", 4096, "sessions", "authenticated connections a control "
+         "socket holds, and pending challenges besides; the oldest is forgotten first (its "
+         "peer says hello again)"),
     Knob("max_messages_per_tick", 256, "messages", "control messages the hub handles before "
          "it serves its outbox and timers again (a flood cannot starve them)"),
     Knob("control_queue_depth", 10000, "messages", "ZeroMQ high-water mark of each control "

@@ -81,7 +81,8 @@ class DecodeEndpoint(DecodeHandshake, DecodeLiveness, DecodeStaging):
         self.last_rejection = ""
         self._reg_payload = b""
         # Last: the hub thread starts handling messages and timers at once.
-        self.hub = Hub(self._on_message, bind=False, on_tick=self._tick)
+        self.hub = Hub(self._on_message, bind=False, on_tick=self._tick,
+                       on_refused=self._on_refused)
         table = fetch_table(bootstrap, knobs.get("bootstrap_timeout_s"))
         buffers = {
             name: [W.RegEntry(layer_id=b.layer_id, tensor=b.tensor,
@@ -239,6 +240,15 @@ class DecodeEndpoint(DecodeHandshake, DecodeLiveness, DecodeStaging):
                     rv.loud.add(name)
                     if rv.state in TERMINAL:
                         self._quarantine(rv)
+
+    def _on_refused(self, name: str, reason: str) -> None:
+        """A prefill rank refused our control messages (Note [Control authentication]): the
+        registration fails now, with the peer's reason, instead of at its deadline."""
+        with self.lock:
+            self.counters["refused_by_prefill"] += 1
+            self.last_rejection = f"{name}: {reason}"
+            if self.reg_state.get(name, (None,))[0] == KVPoll.Bootstrapping:
+                self.reg_state[name] = (KVPoll.Failed, reason)
 
     def _on_status(self, name: str, msg) -> None:
         if msg.room == REG_ROOM:

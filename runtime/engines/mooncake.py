@@ -218,6 +218,13 @@ class MooncakeEngine(TransferEngine):
             from ..control import HostSettings
 
             hostname = HostSettings.from_knobs().advertise
+        if ":" in hostname:
+            # Mooncake 0.3.13 takes the address, then fails every transfer to an IPv6 peer as
+            # a bare "peer unreachable": say so before anything starts.
+            raise TransferError(
+                f"mooncake: hostname {hostname!r} is IPv6, and Mooncake (0.3.13) moves bytes "
+                "over IPv4 only; hint: give this process an IPv4 address (PDC_BIND_HOST / "
+                "PDC_ADVERTISE_HOST), or use the nixl engine for IPv6")
         if max_entries_per_submit is None:
             max_entries_per_submit = _max_entries_from_env()
         if max_entries_per_submit < 1:

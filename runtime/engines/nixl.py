@@ -8,10 +8,12 @@ device index, which the writer needs to name the peer's memory.
 
 Environment defaults, applied with os.environ.setdefault when this engine is first constructed
 (before NIXL is imported) and only for variables that are unset:
-- UCX_TLS=tcp and UCX_NET_DEVICES=lo: stay on the loopback TCP path. Without UCX_TLS, UCX
-  quietly moves same-host bytes with CMA, and without UCX_NET_DEVICES it also listens on, and
-  advertises, every other interface. On a GPU/RDMA host set both explicitly before creating
-  the engine (e.g. UCX_TLS=rc,cuda_copy and the NIC names).
+- UCX_TLS=tcp: stay on the TCP path. Without UCX_TLS, UCX quietly moves same-host bytes with
+  CMA. On a GPU/RDMA host set it explicitly before creating the engine (e.g. UCX_TLS=rc,
+  cuda_copy and the NIC names in UCX_NET_DEVICES).
+- UCX_NET_DEVICES: the interface of the process's bind (or advertise) host, `lo` on loopback
+  (Note [UCX device], `net_device`). Without it UCX listens on, and advertises, every
+  interface; pinned to `lo` it cannot reach another host.
 - NIXL_LOG_LEVEL=WARN and UCX_LOG_FILE=stderr: both libraries log to stdout by default.
 - UCX_MODULES=^efa: with Debian's ibverbs-providers installed, UCX's efa module loads a second
   libnl and the process segfaults at exit.
@@ -76,7 +78,32 @@ _VRAM_PREFIX = b"pdc-nixl-vram:"
 
 def _prepare_environment(device: bool = False) -> None:
     for key, value in ENV_DEFAULTS.items():
+        if key == "UCX_NET_DEVICES" and key not in os.environ:
+            value = net_device()
         os.environ.setdefault(key, DEVICE_UCX_TLS if device and key == "UCX_TLS" else value)
+
+
+def net_device() -> str:
+    """Note [UCX device]: UCX listens on, and advertises, only the interfaces in
+    UCX_NET_DEVICES. pdc's default is the interface that holds this process's bind host (else
+    its advertise host; knobs bind_host/advertise_host, Note [Bind and advertise]), so the
+    data path takes the interface the control plane uses: `lo` on one host, the NIC the
+    peers reach across hosts. A UCX_NET_DEVICES set by hand wins."""
+    from ..bringup import interface_of, is_loopback
+    from ..control import HostSettings
+
+    hosts = HostSettings.from_knobs()
+    for host in (hosts.bind_host, hosts.advertise):
+        if is_loopback(host):
+            return "lo"
+        dev = interface_of(host)
+        if dev is not None:
+            return dev
+    raise TransferError(
+        f"nixl: neither bind_host {hosts.bind_host} nor advertise_host {hosts.advertise} is an "
+        "address of this host, so UCX's interface cannot be derived; hint: set UCX_NET_DEVICES "
+        "to the interface that reaches the peers (e.g. eth0), or PDC_BIND_HOST to this host's "
+        "address")
 
 
 def _device_index(device: object) -> int:

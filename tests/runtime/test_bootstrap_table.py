@@ -32,7 +32,11 @@ def test_a_table_on_a_fixed_port():
     boot = BootstrapServer(1, port=port)
     try:
         assert boot.address == f"tcp://127.0.0.1:{port}"
-        with pytest.raises(ControlError, match=f"cannot listen on port {port}"):
+        with pytest.raises(ControlError) as e:
             BootstrapServer(1, port=port)
+        assert str(e.value) == (
+            f"bootstrap server: cannot listen on 127.0.0.1:{port}: the port is in use (another "
+            "process listens on it, e.g. an earlier server still running); hint: stop that "
+            "process or choose another port")
     finally:
         boot.close()

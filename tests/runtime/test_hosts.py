@@ -67,8 +67,13 @@ def test_distinct_loopback_hosts():
 
 
 def test_wildcard_bind_advertises_the_given_address():
-    boot_addr, hub_addr = _round_trip(HostSettings("0.0.0.0", "127.0.0.2"),
-                                      HostSettings("127.0.0.3"))
+    # A wildcard listens beyond loopback: it needs the control secret (Note [Auth default]).
+    knobs.override(control_secret="a secret of sixteen bytes or more")
+    try:
+        boot_addr, hub_addr = _round_trip(HostSettings("0.0.0.0", "127.0.0.2"),
+                                          HostSettings("127.0.0.3"))
+    finally:
+        knobs.reset("control_secret")
     assert boot_addr.startswith("tcp://127.0.0.2:") and hub_addr.startswith("tcp://127.0.0.2:")
 
 
@@ -88,10 +93,13 @@ def test_knobs_choose_the_hosts():
 
 
 @pytest.mark.parametrize("hosts,message", [
-    (("node-a", ""), "bind_host 'node-a' is not an IP address; hint: give an IPv4 or IPv6 "
-                     "literal (PDC_BIND_HOST), not a host name"),
-    (("127.0.0.1", "10.0.0"), "advertise_host '10.0.0' is not an IP address; hint: give an "
-                              "IPv4 or IPv6 literal (PDC_ADVERTISE_HOST), not a host name"),
+    (("node-a.invalid", ""), "bind_host 'node-a.invalid' is not an IP address; hint: give an "
+                             "IPv4 or IPv6 literal (PDC_BIND_HOST), not a host name: a name may "
+                             "resolve differently on the peer"),
+    (("127.0.0.1", "10.0.0"), "advertise_host '10.0.0' is not an IP address (it resolves to "
+                              "10.0.0.0 here); hint: give an IPv4 or IPv6 literal "
+                              "(PDC_ADVERTISE_HOST), not a host name: a name may resolve "
+                              "differently on the peer"),
     (("0.0.0.0", ""), "bind_host '0.0.0.0' is a wildcard, so peers need an address to dial; "
                       "hint: set advertise_host (PDC_ADVERTISE_HOST) to this node's IP"),
 ])
