@@ -53,6 +53,10 @@ class DemoConfig:
     slots: int
     timeout_s: float
     stream: bool = False  # prefill sends with stream=True and plays a forward (layer_done)
+    # Note [Namespace hosts]: "side/dp" -> (namespace, address) of the rank's host; empty:
+    # every rank on this host's loopback
+    hosts: dict | None = None
+    secret_file: str = ""  # the control secret the ranks share (namespace hosts only)
 
 
 # ~~~ rank process ~~~
@@ -60,6 +64,14 @@ class DemoConfig:
 
 def _rank_loop(cmd_q, res_q, cfg: DemoConfig, side: str, dp: int, pp: int, tp: int) -> None:
     from pdc.runtime import knobs
+
+    if cfg.hosts:
+        from .netns import enter
+
+        namespace, address = cfg.hosts[f"{side}/{dp}"]
+        enter(namespace)  # first: before any socket or thread (Note [Namespace hosts])
+        knobs.override(bind_host=address, control_secret_file=cfg.secret_file,
+                       control_auth="on")
     from pdc.runtime.endpoints import KVPoll
     from pdc.runtime.engines import make_engine
     from pdc.runtime.metrics import RecordBuffer
@@ -250,7 +262,7 @@ def default_decode(spec_path: str, prefill: str, engine: str) -> tuple[str, str]
 def run_demo(spec_path: str, prefill: str, decode: str, engine: str, requests: int,
              concurrency: int = 4, seed: int = 0, timeout_s: float = 60.0,
              out=None, faults: dict[int, str] | None = None, stream: bool = False,
-             summary: dict | None = None, metrics=None) -> int:
+             summary: dict | None = None, metrics=None, hosts: str = "local") -> int:
     """Run the demo; `faults` maps request indices to an injected fault (see Req.fault);
     `stream` sends per layer as a forward reports them (_play_forward); `summary`, when
     given, receives the printed figures as numbers (for bench/, tests and `pdc demo --json`),
@@ -280,12 +292,33 @@ def run_demo(spec_path: str, prefill: str, decode: str, engine: str, requests: i
         print(f"pdc demo: error: {layout_py} is missing\n  hint: {hint}", file=sys.stderr)
         summary["errors"] = [error(layout_py, f"{layout_py} is missing", hint)]
         return 1
+    if hosts == "netns":
+        from .netns import unavailable
+
+        why = unavailable()
+        if why:
+            print(f"pdc demo: error: --hosts netns: {why}", file=sys.stderr)
+            summary["errors"] = [error("<demo>", f"--hosts netns: {why}",
+                                       "run as root with iproute2, or without --hosts")]
+            return 1
+        with _NamespaceHosts(topo) as (placed, secret_file, counters):
+            code = _run(spec, spec_path, plan, layout, engine, requests, concurrency, seed,
+                        timeout_s, stream, faults, out, summary, metrics, placed, secret_file)
+            counters(out, summary)
+            return code
+    return _run(spec, spec_path, plan, layout, engine, requests, concurrency, seed, timeout_s,
+                stream, faults, out, summary, metrics, None, "")
+
+
+def _run(spec, spec_path, plan, layout, engine, requests, concurrency, seed, timeout_s,
+         stream, faults, out, summary, metrics, hosts, secret_file) -> int:
+    topo = plan.topology
     page_size = topo.prefill.page_size
     slots = max(concurrency, 1)
     max_pages_per_req = 8
     cfg = DemoConfig(spec_path, spec.py_name, plan.to_json(), engine, requests, concurrency,
                      seed, pages=max_pages_per_req * concurrency, slots=slots,
-                     timeout_s=timeout_s, stream=stream)
+                     timeout_s=timeout_s, stream=stream, hosts=hosts, secret_file=secret_file)
     rng = np.random.default_rng(seed)
     reqs = []
     for i in range(requests):
@@ -344,6 +377,50 @@ def run_demo(spec_path: str, prefill: str, decode: str, engine: str, requests: i
     wall = time.monotonic() - t_start
     procs.close()
     return _report(outcome, reqs, wall, out, summary, transports)
+
+
+class _NamespaceHosts:
+    """One namespace host per DP group of each side (Note [Namespace hosts]), a control secret
+    in a private file, and afterwards the bytes each host's interface carried."""
+
+    def __init__(self, topo):
+        self.groups = [f"prefill/{g}" for g in range(topo.prefill.dp)] + \
+            [f"decode/{g}" for g in range(topo.decode.dp)]
+
+    def __enter__(self):
+        import base64
+        import os
+        import tempfile
+
+        from .netns import Hosts
+
+        self.hosts = Hosts(len(self.groups))
+        self.dir = tempfile.mkdtemp(prefix="pdc-demo-secret-")
+        secret_file = os.path.join(self.dir, "secret")
+        fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.write(fd, base64.b64encode(os.urandom(32)))
+        os.close(fd)
+        placed = {g: (h.namespace, h.address)
+                  for g, h in zip(self.groups, self.hosts.hosts, strict=True)}
+        return placed, secret_file, self._counters
+
+    def _counters(self, out, summary: dict) -> None:
+        rows = []
+        got = self.hosts.counters()
+        for g, h in zip(self.groups, self.hosts.hosts, strict=True):
+            tx, rx = got[h.namespace]
+            rows.append({"host": h.namespace, "address": h.address,
+                         "ranks": g.replace("/", " dp"), "sent_bytes": tx, "received_bytes": rx})
+            print(f"  host {h.namespace} {h.address} ({g.replace('/', ' dp')}): sent "
+                  f"{tx / 2**20:.1f} MiB, received {rx / 2**20:.1f} MiB on {h.device}", file=out)
+        print("  control plane: authenticated (a secret made for this run)", file=out)
+        summary.update(hosts=rows, control_auth=True)
+
+    def __exit__(self, *exc) -> None:
+        import shutil
+
+        self.hosts.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def _report(outcome, reqs, wall, out, summary: dict, transports: list[str]) -> int:

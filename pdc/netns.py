@@ -21,6 +21,9 @@ import subprocess
 from dataclasses import dataclass
 
 CLONE_NEWNET = 0x40000000
+CLONE_NEWNS = 0x00020000
+MS_REC, MS_SLAVE = 0x4000, 1 << 19
+MNT_DETACH = 2
 DEVICE = "pdc0"
 
 
@@ -112,12 +115,25 @@ class Hosts:
 
 def enter(namespace: str) -> None:
     """Move the calling thread (and the threads it starts later) into `namespace`. Call it
-    first thing in a fresh process (Note [Namespace hosts])."""
+    first thing in a fresh process (Note [Namespace hosts]).
+
+    Like `ip netns exec`, it also gives the process a mount namespace of its own with /sys
+    mounted again: /sys/class/net lists the devices of the network namespace that mounted
+    sysfs, and UCX picks its interfaces from there (without this it sees only the machine's
+    devices and refuses UCX_NET_DEVICES=pdc0 as "not available")."""
     libc = ctypes.CDLL(None, use_errno=True)
+
+    def check(rc: int, what: str) -> None:
+        if rc != 0:
+            raise NetnsError(f"{what} for {namespace} failed: {os.strerror(ctypes.get_errno())}")
+
     fd = os.open(f"/var/run/netns/{namespace}", os.O_RDONLY)
     try:
-        if libc.setns(fd, CLONE_NEWNET) != 0:
-            err = ctypes.get_errno()
-            raise NetnsError(f"setns into {namespace} failed: {os.strerror(err)}")
+        check(libc.setns(fd, CLONE_NEWNET), "setns")
     finally:
         os.close(fd)
+    check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    # Private propagation first, so the new /sys stays inside this process.
+    check(libc.mount(b"none", b"/", None, MS_REC | MS_SLAVE, None), "mount --make-rslave /")
+    libc.umount2(b"/sys", MNT_DETACH)  # may not be mounted at all
+    check(libc.mount(namespace.encode(), b"/sys", b"sysfs", 0, None), "mount sysfs")

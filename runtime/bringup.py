@@ -100,3 +100,26 @@ def not_an_address(knob: str, host: str) -> str:
     seen = f" (it resolves to {', '.join(resolved)} here)" if resolved else ""
     return (f"{knob} {host!r} is not an IP address{seen}; hint: give an IPv4 or IPv6 literal "
             f"({env}), not a host name: a name may resolve differently on the peer")
+
+
+def unreachable_pairing(me: str, hosts, peers: dict[str, str], bootstrap: str) -> str:
+    """Why `me` (advertising hosts.advertise) and a peer of `peers` (name -> tcp:// address,
+    from the bootstrap table at `bootstrap`) cannot reach each other, or "": a loopback
+    address on one side and another host's address on the other. Caught at registration,
+    before any transfer fails as 'peer unreachable'."""
+    mine = hosts.advertise
+    local = set(local_addresses())
+    remote_table = not is_loopback(host_of(bootstrap)) and host_of(bootstrap) not in local
+    for name, address in sorted(peers.items()):
+        host = host_of(address)
+        if is_loopback(mine) and not is_loopback(host) and host not in local:
+            return (f"{me} advertises {mine}, a loopback address, and {name} is on another host "
+                    f"({host}): it cannot send to this host's loopback; hint: set PDC_BIND_HOST "
+                    "(or PDC_ADVERTISE_HOST) of this process to its address on the network "
+                    f"that {host} reaches")
+        if is_loopback(host) and not is_loopback(mine) and remote_table:
+            return (f"{name} registered {address}, a loopback address, in the bootstrap table "
+                    f"of another host ({host_of(bootstrap)}): {me} cannot reach it; hint: set "
+                    f"PDC_BIND_HOST (or PDC_ADVERTISE_HOST) of {name} to its address on the "
+                    "network both hosts share")
+    return ""

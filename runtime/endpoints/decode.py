@@ -11,7 +11,8 @@ import numpy as np
 
 from .. import integrity, knobs, staging
 from .. import wire as W
-from ..control import Hub, fetch_table
+from ..bringup import unreachable_pairing
+from ..control import ControlError, HostSettings, Hub, fetch_table
 from ..engines.base import TransferEngine
 from ..indices import (
     DecodeTarget,
@@ -84,6 +85,12 @@ class DecodeEndpoint(DecodeHandshake, DecodeLiveness, DecodeStaging):
         self.hub = Hub(self._on_message, bind=False, on_tick=self._tick,
                        on_refused=self._on_refused)
         table = fetch_table(bootstrap, knobs.get("bootstrap_timeout_s"))
+        why = unreachable_pairing(f"decode rank {self.rank_label}", HostSettings.from_knobs(),
+                                  {f"prefill.dp{g}.pp{pp}.tp{tp}": a
+                                   for (g, pp, tp), a in table.items()}, bootstrap)
+        if why:
+            self.hub.close()
+            raise ControlError(why)
         buffers = {
             name: [W.RegEntry(layer_id=b.layer_id, tensor=b.tensor,
                               base_addr=pools.address(name, i), item_bytes=b.item_bytes,

@@ -10,7 +10,8 @@ import numpy as np
 
 from .. import knobs
 from .. import wire as W
-from ..control import ControlError, bootstrap_call
+from ..bringup import silent as silent_peer
+from ..control import ControlError, HostSettings, bootstrap_call
 from ..datapath import RemoteBuffer
 from ..indices import (
     DecodeTarget,
@@ -168,8 +169,12 @@ class DecodeHandshake(DecodeHost):
             if all(s == KVPoll.WaitingForInput for s, _ in states.values()):
                 return
             if time.monotonic() > deadline:
-                raise ControlError(f"prefill ranks did not accept the registration within "
-                                   f"{timeout_s} s")
+                silent = sorted(n for n, (st, _) in states.items() if st != KVPoll.WaitingForInput)
+                more = f" ({len(silent) - 1} more prefill ranks silent)" if len(silent) > 1 else ""
+                raise ControlError(
+                    "registration: " + silent_peer(f"{silent[0]} at {self.addresses[silent[0]]}",
+                                                   timeout_s,
+                                                   HostSettings.from_knobs().advertise) + more)
             time.sleep(0.005)
 
     def _refresh(self, names: list[str]) -> None:

@@ -163,13 +163,28 @@ def _create_agent(api: ModuleType, agent_name: str, progress_delay_us: int) -> A
             raise TransferError(
                 f"nixl: cannot create agent {agent_name!r} with the UCX backend: {exc!r} "
                 f"(UCX_TLS={os.environ.get('UCX_TLS')!r}, "
-                f"UCX_NET_DEVICES={os.environ.get('UCX_NET_DEVICES')!r})"
+                f"UCX_NET_DEVICES={os.environ.get('UCX_NET_DEVICES')!r}); hint: UCX found "
+                "none of UCX_NET_DEVICES among the interfaces it lists in /sys/class/net "
+                "(inside a network namespace /sys must be that namespace's, as `ip netns "
+                "exec` mounts it); name an interface of this host, or unset it so pdc derives "
+                "it from PDC_BIND_HOST (Note [UCX device])"
             ) from None
         finally:
             bindings.nixlAgentConfig = original
     if "UCX" not in agent.backends:
         raise TransferError("nixl: the UCX backend plugin is missing from this NIXL install")
     return agent
+
+
+def _backend_hint(exc: Exception) -> str:
+    """What a bare NIXL_ERR_BACKEND while connecting a peer most likely means."""
+    if "NIXL_ERR_BACKEND" not in repr(exc):
+        return ""
+    dev = os.environ.get("UCX_NET_DEVICES", "all")
+    return (f"; UCX cannot reach the peer's addresses from UCX_NET_DEVICES={dev}" + (
+        " (loopback: it reaches no other host)" if dev == "lo" else "") +
+        "; hint: set UCX_NET_DEVICES to the interface that reaches the peer's host, or unset "
+        "it so pdc derives it from PDC_BIND_HOST (Note [UCX device], docs/deploy.md)")
 
 
 @dataclass
@@ -278,7 +293,8 @@ class NixlEngine(TransferEngine):
             try:
                 name = self._agent.add_remote_agent(metadata)
             except self._errors as exc:
-                raise TransferError(f"nixl: add_remote_agent: {exc!r}") from None
+                raise TransferError(f"nixl: add_remote_agent: {exc!r}{_backend_hint(exc)}") \
+                    from None
             peer = name.decode() if isinstance(name, bytes) else str(name)
             self._peers.add(peer)
             self._peer_dev[peer] = peer_dev or 0
@@ -286,7 +302,8 @@ class NixlEngine(TransferEngine):
                 # Lazy otherwise: the first write would pay the connection setup.
                 self._agent.make_connection(peer)
             except self._errors as exc:
-                raise TransferError(f"nixl: cannot connect to {peer}: {exc!r}") from None
+                raise TransferError(f"nixl: cannot connect to {peer}: {exc!r}"
+                                    f"{_backend_hint(exc)}") from None
         return peer
 
     # -- transfers ----------------------------------------------------------------------------

@@ -34,7 +34,7 @@ DEMO_KEYS = {"command", "ok", "exit", "errors", "spec", "prefill", "decode", "en
              "stream", "family", "topology", "rank_processes", "ran", "requests",
              "bytes_verified", "descriptors", "batches", "links", "staged_links", "transfer_s",
              "wall_s", "transfer_gb_s", "latency_ms", "transports", "failures", "faults",
-             "metrics_port"}
+             "metrics_port", "hosts"}
 
 
 def test_demo_json_is_the_only_thing_on_stdout(capsys):
@@ -44,13 +44,13 @@ def test_demo_json_is_the_only_thing_on_stdout(capsys):
     assert code == 0 and set(obj) == DEMO_KEYS
     assert {k: obj[k] for k in ("command", "ok", "exit", "errors", "spec", "prefill", "decode",
                                 "engine", "family", "topology", "rank_processes", "ran",
-                                "requests", "failures", "faults", "metrics_port")} == {
+                                "requests", "failures", "faults", "metrics_port", "hosts")} == {
         "command": "demo", "ok": True, "exit": 0, "errors": [], "spec": "specs/qwen38.yaml",
         "prefill": "tp=2", "decode": "tp=1", "engine": "local", "family": "qwen38",
         "topology": "prefill tp=2,pp=1,dp=1,page_size=64 -> decode tp=1,pp=1,dp=1,"
                     "page_size=64 over local",
         "rank_processes": 3, "ran": True, "requests": {"total": 3, "ok": 3, "failed": 0},
-        "failures": [], "faults": [], "metrics_port": None}
+        "failures": [], "faults": [], "metrics_port": None, "hosts": []}
     assert obj["bytes_verified"] > 0 and obj["descriptors"] >= obj["links"] > 0
     assert obj["transports"] == ["local: process_vm_writev (same host, host memory)"]
     assert 0 < obj["latency_ms"]["p50"] <= obj["latency_ms"]["p99"]
