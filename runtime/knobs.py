@@ -104,6 +104,11 @@ KNOBS = {k.name: k for k in (
     Knob("transfer_log", 0, "0/1", "1: one JSON line per finished request and side on the "
          "`pdc.transfer` logger (bytes, descriptors, bootstrap/wait/transfer ms, GB/s; "
          "runtime/metrics.py)"),
+    Knob("health_stall_s", 30.0, "s", "a rank is unhealthy (runtime/health.py) when writes "
+         "are in flight and none completed for this long, or its control thread has not run "
+         "for this long"),
+    Knob("health_max_quarantined", 64, "requests", "a decode rank is unhealthy once more "
+         "requests than this are quarantined (their pages are never reused)"),
     # ~~~ integrity ~~~
     Knob("checksum", 0, "0/1", "1: prefill sends a 64-bit digest of the bytes it wrote on "
          "each link with Success, decode recomputes it over its destination items and fails "

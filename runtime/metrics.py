@@ -223,7 +223,10 @@ class TransferMetrics:
         with self._lock:
             self.records_seen += 1
             self._requests.labels(*lv, "ok" if rec.ok else "failed").inc()
-            self._latency.labels(*lv).observe(rec.latency_ms)
+            # Note [Health]: the exemplar names the request (room, generation) whose latency
+            # fell in a bucket, so a slow one is found in both sides' records and logs.
+            ids = {"room": str(rec.room), "generation": str(rec.generation)}
+            self._latency.labels(*lv).observe(rec.latency_ms, exemplar=ids)
             if rec.t_bootstrap_done:
                 self._bootstrap.labels(*lv).observe(rec.bootstrap_ms)
             self._descriptors.labels(*lv).inc(rec.descriptors)
@@ -232,7 +235,7 @@ class TransferMetrics:
                 self._total_mb.labels(*lv).observe(rec.bytes / 1e6)
                 if rec.t_first_write:
                     self._wait.labels(*lv).observe(rec.wait_ms)
-                    self._transfer.labels(*lv).observe(rec.transfer_ms)
+                    self._transfer.labels(*lv).observe(rec.transfer_ms, exemplar=ids)
                 if rec.gb_s > 0:
                     self._speed.labels(*lv).observe(rec.gb_s)
             else:
@@ -244,6 +247,16 @@ class TransferMetrics:
         from prometheus_client import generate_latest
 
         return generate_latest(self.registry).decode()
+
+    def exposition(self, openmetrics: bool = False) -> tuple[bytes, str]:
+        """(body, content type): Prometheus text, or OpenMetrics with exemplars."""
+        if openmetrics:
+            from prometheus_client.openmetrics import exposition as om
+
+            return om.generate_latest(self.registry), om.CONTENT_TYPE_LATEST
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
     def serve(self, port: int, host: str = "127.0.0.1") -> int:
         """Serves /metrics on host:port (0 = a free port) in a daemon thread; returns the port."""

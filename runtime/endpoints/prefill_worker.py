@@ -91,6 +91,9 @@ class PrefillWorker(PrefillHost):
             elif st is BatchState.FAILED:
                 with self.lock:
                     r.fail(f"transfer failed: {b.reason}")
+        if len(still) < len(r.inflight):
+            with self.lock:  # Note [Health]: progress of the writes in flight
+                self.counters["batches_done"] += len(r.inflight) - len(still)
         r.inflight = still
 
     def _advance(self, r: _Room) -> bool:
