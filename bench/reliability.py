@@ -11,7 +11,8 @@ Scenarios (each one run of pdc.verify.reliability; a count of 0 skips it):
 - faults: prefill tp=1 x dp=2 -> decode tp=1 x dp=3; kill -9 of a decode and of a prefill
           rank (each restarted), SIGSTOP of a decode and of a prefill rank (each resumed after
           it was declared dead), all mid-transfer, while the others go on.
-- soak:   prefill tp=2 x dp=2 -> decode tp=1 x dp=4 (4 rank pairs, heterogeneous TP),
+- soak:   prefill tp=2 x dp=2 -> decode tp=1 x dp=4 (4 rank pairs, heterogeneous TP; over
+          NIXL, which the spec allows equal TP only, decode tp=2 x dp=2),
           every link through the staged path (staged_min_descriptors=0), chunked prefill,
           prefix hits, 10 % aborts with re-runs, 2 % bad page ids from decode, link
           checksums on.
@@ -67,8 +68,11 @@ def scenarios(args) -> list[tuple[str, RelConfig]]:
                                         requests=n, abort_rate=0.1, concurrency=4,
                                         faults=faults)))
     if args.soak:
+        # The spec forbids heterogeneous attention TP over NIXL (its backend matrix): there the
+        # soak pairs equal TP, four rank pairs as well.
+        decode = "tp=2,dp=2" if args.engine == "nixl" else "tp=1,dp=4"
         out.append(("soak", RelConfig(**{**base, "knobs": SOAK}, prefill="tp=2,dp=2",
-                                      decode="tp=1,dp=4", requests=args.soak, abort_rate=0.1,
+                                      decode=decode, requests=args.soak, abort_rate=0.1,
                                       bad_index_rate=0.02, concurrency=6)))
     if args.fuzz:
         knobs = dict(KNOBS, prefill_room_timeout_s=2.0, max_message_bytes=1 << 20,
@@ -80,7 +84,7 @@ def scenarios(args) -> list[tuple[str, RelConfig]]:
     return out
 
 
-def machine() -> str:
+def machine(engine: str = "mooncake") -> str:
     model = ""
     try:
         with open("/proc/cpuinfo") as f:
@@ -88,15 +92,22 @@ def machine() -> str:
                           if line.startswith("model name")), "")
     except OSError:
         pass
-    try:
-        from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
-        mc = version("mooncake-transfer-engine-non-cuda")
-    except Exception:  # noqa: BLE001
-        mc = "?"
+    packages = {"mooncake": ("Mooncake", ("mooncake-transfer-engine-non-cuda",
+                                          "mooncake-transfer-engine")),
+                "nixl": ("NIXL", ("nixl-cu12", "nixl-cu13", "nixl"))}
+    label, names = packages.get(engine, (engine, ()))
+    got = "?"
+    for name in names:
+        try:
+            got = version(name)
+            break
+        except PackageNotFoundError:
+            continue
     return (f"{os.cpu_count()} CPU ({model or platform.processor()}), "
             f"{platform.system()} {platform.release()}, Python {platform.python_version()}, "
-            f"Mooncake {mc}")
+            f"{label} {got}")
 
 
 def main(argv=None) -> int:
@@ -105,7 +116,7 @@ def main(argv=None) -> int:
     ap.add_argument("--faults", type=int, default=3000)
     ap.add_argument("--soak", type=int, default=5000)
     ap.add_argument("--fuzz", type=int, default=2000)
-    ap.add_argument("--engine", default="mooncake")
+    ap.add_argument("--engine", default="mooncake", choices=["mooncake", "nixl"])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="write every report here")
     args = ap.parse_args(argv)
@@ -130,9 +141,10 @@ def main(argv=None) -> int:
               f"({d['retries']} re-runs) | {d['faults_injected']} | {d['lost']} | "
               f"{d['corrupted']} | {d['quarantined']} | {d['wall_s']:.1f} s |")
     cmd = "python bench/reliability.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    print(f"\ncommand: {cmd.strip()}\nmachine: {machine()}\ndate: {started}")
+    print(f"\ncommand: {cmd.strip()}\nmachine: {machine(args.engine)}\ndate: {started}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"command": cmd.strip(), "machine": machine(),
+        where = machine(args.engine)
+        Path(args.json).write_text(json.dumps({"command": cmd.strip(), "machine": where,
                                                "date": started, "results": results},
                                               indent=1, default=str))
     return 0 if ok else 1
