@@ -45,6 +45,10 @@ from .common import (
         help="serve the per-request transfer metrics of every rank (Prometheus text format, "
              "pdc:kv_transfer_*) on 127.0.0.1:PORT/metrics while the demo runs; 0 picks a "
              "free port"),
+    arg("--hosts", default="local", choices=["local", "netns"],
+        help="local: every rank on this host's loopback (default); netns: each DP group of "
+             "each side on a host of its own, a network namespace with a private address "
+             "(needs root and iproute2), the control plane authenticated (docs/deploy.md)"),
     JSON_ARG,
 )
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -91,7 +95,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     try:
         code = run_demo(spec, args.prefill, decode, args.engine, args.requests,
                         concurrency=args.concurrency, seed=args.seed, timeout_s=args.timeout,
-                        stream=args.stream, metrics=metrics, out=out, summary=summary)
+                        stream=args.stream, metrics=metrics, out=out, summary=summary,
+                        hosts=args.hosts)
     finally:
         if metrics is not None:
             metrics.close()
@@ -112,7 +117,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         latency_ms={q: None if summary.get(f"{q}_ms") is None else round(summary[f"{q}_ms"], 3)
                     for q in ("p50", "p99")},
         transports=summary.get("transports", []), failures=summary.get("failures", []),
-        faults=summary.get("faults", []), metrics_port=port)
+        faults=summary.get("faults", []), metrics_port=port, hosts=summary.get("hosts", []))
 
 
 def _parity_arg_problem(args) -> tuple[str, str] | None:
