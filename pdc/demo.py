@@ -292,7 +292,7 @@ def run_demo(spec_path: str, prefill: str, decode: str, engine: str, requests: i
         print(f"pdc demo: error: {layout_py} is missing\n  hint: {hint}", file=sys.stderr)
         summary["errors"] = [error(layout_py, f"{layout_py} is missing", hint)]
         return 1
-    if hosts == "netns":
+    if hosts in ("netns", "netns6"):
         from .netns import unavailable
 
         why = unavailable()
@@ -301,7 +301,7 @@ def run_demo(spec_path: str, prefill: str, decode: str, engine: str, requests: i
             summary["errors"] = [error("<demo>", f"--hosts netns: {why}",
                                        "run as root with iproute2, or without --hosts")]
             return 1
-        with _NamespaceHosts(topo) as (placed, secret_file, counters):
+        with _NamespaceHosts(topo, ipv6=hosts == "netns6") as (placed, secret_file, counters):
             code = _run(spec, spec_path, plan, layout, engine, requests, concurrency, seed,
                         timeout_s, stream, faults, out, summary, metrics, placed, secret_file)
             counters(out, summary)
@@ -383,7 +383,8 @@ class _NamespaceHosts:
     """One namespace host per DP group of each side (Note [Namespace hosts]), a control secret
     in a private file, and afterwards the bytes each host's interface carried."""
 
-    def __init__(self, topo):
+    def __init__(self, topo, ipv6: bool = False):
+        self.ipv6 = ipv6
         self.groups = [f"prefill/{g}" for g in range(topo.prefill.dp)] + \
             [f"decode/{g}" for g in range(topo.decode.dp)]
 
@@ -394,7 +395,7 @@ class _NamespaceHosts:
 
         from .netns import Hosts
 
-        self.hosts = Hosts(len(self.groups))
+        self.hosts = Hosts(len(self.groups), ipv6=self.ipv6)
         self.dir = tempfile.mkdtemp(prefix="pdc-demo-secret-")
         secret_file = os.path.join(self.dir, "secret")
         fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -45,10 +45,11 @@ from .common import (
         help="serve the per-request transfer metrics of every rank (Prometheus text format, "
              "pdc:kv_transfer_*) on 127.0.0.1:PORT/metrics while the demo runs; 0 picks a "
              "free port"),
-    arg("--hosts", default="local", choices=["local", "netns"],
+    arg("--hosts", default="local", choices=["local", "netns", "netns6"],
         help="local: every rank on this host's loopback (default); netns: each DP group of "
              "each side on a host of its own, a network namespace with a private address "
-             "(needs root and iproute2), the control plane authenticated (docs/deploy.md)"),
+             "(needs root and iproute2), the control plane authenticated (docs/deploy.md); "
+             "netns6: the same with IPv6 addresses"),
     JSON_ARG,
 )
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -19,11 +19,12 @@ pytestmark = [pytest.mark.engines,
 LLAMA = str(ROOT / "specs" / "llama3-70b.yaml")
 
 
-def _demo(engine: str, prefill: str, decode: str, requests: int = 6) -> tuple[int, dict, str]:
+def _demo(engine: str, prefill: str, decode: str, requests: int = 6, hosts: str = "netns"
+          ) -> tuple[int, dict, str]:
     summary: dict = {}
     out = io.StringIO()
     code = run_demo(LLAMA, prefill, decode, engine, requests, concurrency=3, out=out,
-                    summary=summary, hosts="netns", timeout_s=30)
+                    summary=summary, hosts=hosts, timeout_s=30)
     return code, summary, out.getvalue()
 
 
@@ -60,3 +61,21 @@ def test_nixl_pinned_to_loopback_across_hosts_names_the_fix(monkeypatch):
         "peer's addresses from UCX_NET_DEVICES=lo (loopback: it reaches no other host); hint: "
         "set UCX_NET_DEVICES to the interface that reaches the peer's host, or unset it so pdc "
         "derives it from PDC_BIND_HOST (Note [UCX device], docs/deploy.md)") in why, why
+
+
+def test_nixl_over_ipv6_namespace_hosts():
+    code, summary, text = _demo("nixl", "tp=1", "tp=1", requests=3, hosts="netns6")
+    assert code == 0, text + str(summary.get("errors"))
+    assert summary["ok"] == 3
+    assert [h["address"] for h in summary["hosts"]] == ["fd00:77::1", "fd00:77::2"]
+    assert summary["hosts"][1]["received_bytes"] >= summary["bytes"]
+
+
+def test_mooncake_on_ipv6_hosts_is_refused_up_front():
+    code, summary, _ = _demo("mooncake", "tp=1", "tp=1", requests=1, hosts="netns6")
+    assert code == 1
+    why = summary["errors"][0]["message"]
+    assert why.startswith(
+        "prefill-dp0-pp0-tp0 crashed: TransferError(\"mooncake: hostname 'fd00:77::1' is IPv6, "
+        "and Mooncake (0.3.13) moves bytes over IPv4 only; hint: give this process an IPv4 "
+        "address (PDC_BIND_HOST / PDC_ADVERTISE_HOST), or use the nixl engine for IPv6\")"), why
