@@ -1,4 +1,4 @@
-"""Where the time to first token goes, per phase, from pdc's transfer log (pdc/timeline.py).
+"""Where the time to first token goes, per phase, from pdc's transfer log (pdc/serving/timeline.py).
 
 Run engines with PDC_TRANSFER_LOG=1 (the demos' `--timeline` does), then point this at their
 log folders (one folder = one run) or log files:
@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pdc.timeline import print_summary, read_runs, summarize  # noqa: E402
+from pdc.serving.timeline import print_summary, read_runs, summarize  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -3,7 +3,7 @@
 # by a hash of its requirements, with SGLang 0.5.23 usable on a CPU-only machine, and pdc (this
 # clone, editable) installed into it. Prints the venv's path on its last line.
 #
-#   ${PDC_CACHE_DIR:-$HOME/.cache/pdc}/sglang-<hash>    the venv (~3.7 GB, ~5 min the first time)
+#   ${PDC_CACHE_DIR:-$HOME/.cache/pdc}/sglang-<hash>    the venv (~3.9 GB, ~5-20 min the first time)
 #   ${PDC_CACHE_DIR:-$HOME/.cache/pdc}/sglang-current   a link to it, which tests and
 #                                                       `pdc sglang-demo` look for
 #
@@ -29,7 +29,7 @@ exec 9>"$CACHE/sglang.lock"
 flock 9
 
 if [ ! -f "$VENV/.pdc-complete" ]; then
-  echo "install-sglang.sh: building $VENV (first time: ~5 min, ~3.7 GB)" >&2
+  echo "install-sglang.sh: building $VENV (first time: ~5-20 min, ~3.9 GB)" >&2
   rm -rf "$VENV"
   "$PYTHON" -m venv "$VENV"
   PIP=("$VENV/bin/python" -m pip install --quiet -c "$SUPPORT/torch-constraint.txt")

@@ -18,7 +18,7 @@ def test_reasons_are_counted_and_given_a_way_to_enable_them():
         "2 skipped: needs a CUDA device",
         "    to run them: run on a machine with CUDA GPUs (bench/run_gpu.sh, BENCHMARKS.md)",
         "1 skipped: no vLLM environment: x",
-        "    to run them: build it with ./scripts/install-vllm.sh (~8 min, ~1.8 GB, once)",
+        "    to run them: build it with ./scripts/install-vllm.sh (~3-5 min, ~3.8 GB, once)",
         "1 skipped: something else",
     ]
 

@@ -70,6 +70,11 @@ class PdcConnector(KVConnectorBase_V1, SupportsHMA):
     def register_kv_caches(self, kv_caches) -> None:
         self.worker.register_kv_caches(kv_caches)
 
+    def bind_connector_metadata(self, connector_metadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        if self.worker is not None:
+            self.worker.bind(connector_metadata)
+
     def start_load_kv(self, forward_context, **kwargs: Any) -> None:
         self.worker.start_load_kv(self._get_connector_metadata())
 

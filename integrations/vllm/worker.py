@@ -115,6 +115,7 @@ class PdcWorker:
         self.stats = PdcConnectorStats()
         self.events = ForwardEvents()  # for the cache's device, once registered
         self._streaming = False
+        self._started_recv: PdcConnectorMetadata | None = None  # bind() started its loads
         self._lock = threading.Lock()
 
     # ~~~ registration ~~~
@@ -177,6 +178,18 @@ class PdcWorker:
 
     # ~~~ per step ~~~
 
+    def bind(self, meta: PdcConnectorMetadata) -> None:
+        """Note [Loads before the forward]: vLLM binds a step's metadata before its forward
+        and, when the step has no synchronous load, calls start_load_kv after it. On a GPU
+        the forward is only launched by then; on a CPU it has run, so decode would ask
+        prefill for a request's KV one whole forward (of the other requests) after its
+        scheduler allocated the blocks. Decode therefore starts its loads here: a receiver's
+        init() only queues a TransferRequest on the control thread."""
+        if not self.settings.is_prefill:
+            for r in meta.recv:
+                self._start_recv(r)
+            self._started_recv = meta
+
     def start_load_kv(self, meta: PdcConnectorMetadata) -> None:
         if self.settings.is_prefill:
             if self.prefill_ep is None and meta.bootstrap:
@@ -194,8 +207,9 @@ class PdcWorker:
                     self.senders[req_id].abort()
                     self.aborting.add(req_id)
             return
-        for r in meta.recv:
-            self._start_recv(r)
+        if self._started_recv is not meta:  # bind() did (Note [Loads before the forward])
+            for r in meta.recv:
+                self._start_recv(r)
         for req_id in meta.abort:
             entry = self.receivers.get(req_id)
             if entry is not None:

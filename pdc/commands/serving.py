@@ -16,6 +16,9 @@ from .common import (
     usage_error,
 )
 
+# Repetitions of a demo's backends: each starts fresh engines (a minute or more on a CPU).
+MAX_DEMO_REPEAT = 20
+
 
 @command(
     "vllm-demo",
@@ -28,6 +31,15 @@ from .common import (
         help="transfer engine (default: mooncake over loopback TCP)"),
     arg("--seed", type=int, default=0, help="seed of the prompts"),
     arg("--keep", action="store_true", help="keep the model and the engines' logs"),
+    arg("--compare", action="store_true",
+        help="also run vLLM's own NixlConnector and MooncakeConnector and one engine alone "
+             "on the same engines' settings; a TTFT table with the overhead over one engine"),
+    arg("--in-flight", type=int, default=4, metavar="N",
+        help="prompts in flight at once (default: 4)"),
+    arg("--repeat", type=int, default=1, metavar="N",
+        help="run every backend N times, each repetition in another order (default: 1)"),
+    arg("--timeline", action="store_true",
+        help="log pdc's transfers and print where its time to first token went, by phase"),
 )
 def cmd_vllm_demo(args: argparse.Namespace) -> int:
     """Run prefill and decode as two real vLLM engines with pdc's KV connector between them.
@@ -35,8 +47,11 @@ def cmd_vllm_demo(args: argparse.Namespace) -> int:
     Makes a tiny random-weight Llama whose cache matches SPEC, starts one vLLM engine alone
     for the reference, then a prefill and a decode engine (separate processes, PdcConnector
     as kv_producer and kv_consumer), sends every prompt through a minimal PD proxy and
-    compares each generated token with the reference. Needs the vLLM environment
-    (scripts/install-vllm.sh). The table goes to stdout, progress to stderr.
+    compares each generated token with the reference. `--compare` runs the same prompts
+    through vLLM's own NixlConnector and MooncakeConnector and one engine alone too, and
+    prints TTFT p50/p99 per backend with its overhead over the engine alone (docs/vllm.md).
+    Needs the vLLM environment (scripts/install-vllm.sh). The table goes to stdout, progress
+    to stderr.
 
     Exit status: 0 when every prompt is token-identical, 1 otherwise (a spec error, no vLLM
     environment, a failed prompt), 2 for a usage error.
@@ -44,13 +59,17 @@ def cmd_vllm_demo(args: argparse.Namespace) -> int:
     from pdc.serving.vllm_demo import run_demo
 
     bad = range_problem((("--prompts", args.prompts, 1, MAX_DEMO_PROMPTS),
-                          ("--tokens", args.tokens, 1, MAX_DEMO_NEW_TOKENS)))
+                          ("--tokens", args.tokens, 1, MAX_DEMO_NEW_TOKENS),
+                          ("--in-flight", args.in_flight, 1, MAX_DEMO_CONCURRENCY),
+                          ("--repeat", args.repeat, 1, MAX_DEMO_REPEAT)))
     if bad:
         return usage_error("vllm-demo", *bad, False)
     family = spec_family(args.spec, "vllm-demo")
     if family is None:
         return 1
-    return run_demo(family, args.engine, args.prompts, args.tokens, args.seed, keep=args.keep)
+    return run_demo(family, args.engine, args.prompts, args.tokens, args.seed, keep=args.keep,
+                    compare=args.compare, in_flight=args.in_flight, repeat=args.repeat,
+                    timeline=args.timeline)
 
 
 @command(
@@ -69,6 +88,10 @@ def cmd_vllm_demo(args: argparse.Namespace) -> int:
         help="greedy tokens per prompt (default: 16)"),
     arg("--seed", type=int, default=0, help="seed of the prompts' token ids"),
     arg("--keep-logs", action="store_true", help="keep the servers' logs and the model"),
+    arg("--repeat", type=int, default=1, metavar="N",
+        help="run every backend N times, each repetition in another order (default: 1)"),
+    arg("--timeline", action="store_true",
+        help="log pdc's transfers and print the phases of its requests"),
 )
 def cmd_sglang_demo(args: argparse.Namespace) -> int:
     """Real SGLang prefill and decode servers with pdc's transfer backend, checked token by token.
@@ -89,8 +112,10 @@ def cmd_sglang_demo(args: argparse.Namespace) -> int:
 
     bad = range_problem((("--prompts", args.prompts, 1, MAX_DEMO_PROMPTS),
                           ("--in-flight", args.in_flight, 1, MAX_DEMO_CONCURRENCY),
-                          ("--tokens", args.tokens, 1, MAX_DEMO_NEW_TOKENS)))
+                          ("--tokens", args.tokens, 1, MAX_DEMO_NEW_TOKENS),
+                          ("--repeat", args.repeat, 1, MAX_DEMO_REPEAT)))
     if bad:
         return usage_error("sglang-demo", *bad, False)
     return run_demo(args.prompts, args.engine, args.compare, args.in_flight, args.tokens,
-                    args.seed, args.keep_logs, family=args.family)
+                    args.seed, args.keep_logs, family=args.family, repeat=args.repeat,
+                    timeline=args.timeline)

@@ -10,7 +10,9 @@ through SGLang's own `mooncake` backend on the same settings and prints both sid
 
 from __future__ import annotations
 
+import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -35,6 +37,8 @@ class Row:
     ttft_p99_ms: float
     wall_s: float
     errors: list
+    rep: int = 0
+    logs: str = ""
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -50,13 +54,20 @@ def _progress(label: str, total: int) -> tuple[Counter, Callable]:
     return counter, lambda result: counter.tick(failed=int(bool(result.error)))
 
 
+def _waiting(text: str) -> None:
+    print(f"pdc sglang-demo: {text}", file=sys.stderr, flush=True)
+
+
 def run_pair(python: str, model: str, workdir: str, backend: str, engine: str,
              prompts: list[list[int]], reference: list[list[int]], new_tokens: int,
-             in_flight: int) -> Row:
+             in_flight: int, rep: int = 0) -> Row:
     label = f"{backend}/{engine}"
     print(f"pdc sglang-demo: starting prefill + decode ({label}) and the router ...",
           file=sys.stderr)
-    pair = H.PDPair.start(python, model, workdir, backend=backend, engine=engine)
+    logs = os.path.join(workdir, f"rep{rep}-{backend}-{engine}")
+    os.makedirs(logs, exist_ok=True)
+    pair = H.PDPair.start(python, model, logs, backend=backend, engine=engine,
+                          progress=_waiting)
     try:
         before = H.metrics(pair.prefill.url)
         t0 = time.monotonic()
@@ -84,28 +95,45 @@ def run_pair(python: str, model: str, workdir: str, backend: str, engine: str,
                int(count), delta("sglang:kv_transfer_latency_ms_sum") / count if count else 0.0,
                _percentile(ttfts, 0.5), _percentile(ttfts, 0.99), wall,
                [f"prompt {r.prompt}: {r.error}" for r in results if r.error] +
-               [f"prompt {i}: tokens differ from the plain server" for i in mismatched])
+               [f"prompt {i}: tokens differ from the plain server" for i in mismatched],
+               rep, logs)
 
 
-def print_rows(rows: list[Row], n: int, in_flight: int, out=None) -> None:
+def print_rows(rows: list[Row], n: int, in_flight: int, out=None, load: str = "") -> None:
     """One row per backend run (Note [Console output] in pdc/console.py)."""
     out = out if out is not None else sys.stdout
-    head = ("backend", "engine", "ok", "failed", "MB moved", "transfers", "transfer ms",
-            "TTFT p50 ms", "TTFT p99 ms", "wall s")
-    lines = [(r.backend, r.engine, str(r.ok), str(r.failed), f"{r.mb:.3f}",
-              str(r.transfers), f"{r.transfer_ms_mean:.2f}", f"{r.ttft_p50_ms:.0f}",
-              f"{r.ttft_p99_ms:.0f}", f"{r.wall_s:.1f}") for r in rows]
+    reps = len({r.rep for r in rows}) > 1
+    head = ("backend", "engine", *(("rep",) if reps else ()), "ok", "failed", "MB moved",
+            "transfers", "transfer ms", "TTFT p50 ms", "TTFT p99 ms", "wall s")
+    lines = [(r.backend, r.engine, *((str(r.rep + 1),) if reps else ()), str(r.ok),
+              str(r.failed), f"{r.mb:.3f}", str(r.transfers), f"{r.transfer_ms_mean:.2f}",
+              f"{r.ttft_p50_ms:.0f}", f"{r.ttft_p99_ms:.0f}", f"{r.wall_s:.1f}") for r in rows]
     print_table(head, lines, out, right=range(2, len(head)), title=wrap(
         f"pdc sglang-demo: {n} prompts, {in_flight} in flight, tokens checked against a "
         "plain SGLang server (transfer ms: mean per request, from SGLang's "
-        "sglang:kv_transfer_latency_ms)"))
+        f"sglang:kv_transfer_latency_ms){load}"))
+    if reps:
+        med = {}
+        for r in rows:
+            med.setdefault((r.backend, r.engine), []).append(r)
+        print_table(("backend", "engine", "runs", "TTFT p50 ms", "TTFT p99 ms"),
+                    [(b, e, str(len(rs)),
+                      f"{statistics.median(r.ttft_p50_ms for r in rs):.0f}",
+                      f"{statistics.median(r.ttft_p99_ms for r in rs):.0f}")
+                     for (b, e), rs in med.items()], out, right=range(2, 5),
+                    title="median over repetitions")
     for r in rows:
         for e in r.errors[:10]:
             print(wrap(f"  FAILED {r.backend}/{r.engine} {e}", indent="    "), file=out)
 
 
 def run_demo(prompts: int, engine: str, compare: bool, in_flight: int, new_tokens: int,
-             seed: int, keep: bool, family: str = "llama") -> int:
+             seed: int, keep: bool, family: str = "llama", repeat: int = 1,
+             timeline: bool = False) -> int:
+    """`repeat` runs every backend that many times, each repetition in another order;
+    `timeline` has pdc log its transfers and prints their phases (pdc/serving/timeline.py)."""
+    if timeline:
+        os.environ["PDC_TRANSFER_LOG"] = "1"  # the servers inherit it
     python = H.sglang_python()
     if python is None:
         print("pdc sglang-demo: error: no SGLang environment; run scripts/install-sglang.sh "
@@ -118,10 +146,12 @@ def run_demo(prompts: int, engine: str, compare: bool, in_flight: int, new_token
         print(wrap(f"pdc sglang-demo: {prompts} prompts to a tiny {family} of "
                    f"{min(map(len, batch))}..{max(map(len, batch))} tokens "
                    f"({H.CHUNK_TOKENS}-token chunks, {H.PAGE_SIZE}-token pages), "
-                   f"{new_tokens} greedy tokens each; logs in {workdir}"), file=sys.stderr)
+                   f"{new_tokens} greedy tokens each; "
+                   + (f"logs in {workdir}" if keep else "servers' logs kept only on a failure "
+                      "or with --keep-logs")), file=sys.stderr)
         print("pdc sglang-demo: starting a plain server for the reference tokens ...",
               file=sys.stderr)
-        plain = H.start_plain(python, model, workdir)
+        plain = H.start_plain(python, model, workdir, progress=_waiting)
         try:
             progress, on_done = _progress("plain", len(batch))
             try:
@@ -136,13 +166,27 @@ def run_demo(prompts: int, engine: str, compare: bool, in_flight: int, new_token
                   f"{bad[0].error}", file=sys.stderr)
             return 1
         reference = [r.tokens for r in ref]
-        rows = [run_pair(python, model, workdir, "pdc", engine, batch, reference, new_tokens,
-                         in_flight)]
-        if compare:
-            rows.append(run_pair(python, model, workdir, "mooncake", "mooncake", batch,
-                                 reference, new_tokens, in_flight))
-        print_rows(rows, prompts, in_flight)
-        return 0 if all(r.failed == 0 for r in rows) else 1
+        backends = [("pdc", engine)] + ([("mooncake", "mooncake")] if compare else [])
+        load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+        rows = []
+        for rep in range(repeat):
+            k = rep % len(backends)
+            for backend, eng in backends[k:] + backends[:k]:  # interleaved repetitions
+                rows.append(run_pair(python, model, workdir, backend, eng, batch, reference,
+                                     new_tokens, in_flight, rep))
+        after = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+        print_rows(rows, prompts, in_flight,
+                   load=f"; load average {load} before, {after} after")
+        if timeline:
+            from .timeline import print_summary, read_runs, summarize
+
+            phases = summarize(read_runs([r.logs for r in rows if r.backend == "pdc"]))
+            if phases:
+                print_summary(phases, sys.stdout, f"pdc timeline ({engine}; the first token "
+                              "is the client's TTFT above: SGLang's router picks the rooms)")
+        failed = [r for r in rows if r.failed]
+        keep = keep or bool(failed)
+        return 0 if not failed else 1
     except H.HarnessError as e:
         print(f"pdc sglang-demo: error: {e}", file=sys.stderr)
         keep = True

@@ -177,8 +177,15 @@ def _get(url: str, timeout_s: float = 5.0) -> bytes:
         return r.read()
 
 
-def wait_ready(servers: list[Server], timeout_s: float, path: str = "/model_info") -> None:
-    deadline = time.monotonic() + timeout_s
+def wait_ready(servers: list[Server], timeout_s: float, path: str = "/model_info",
+               progress=None, every_s: float = 10.0) -> None:
+    """Until every server answers `path`. A server that exits, or one still silent after
+    `timeout_s`, raises HarnessError with its log's tail. `progress(text)` hears, every
+    `every_s`, which servers it still waits for and since when (a CPU server takes a minute
+    or more to start)."""
+    t0 = time.monotonic()
+    deadline = t0 + timeout_s
+    next_report = t0 + every_s
     pending = list(servers)
     while pending:
         for s in list(pending):
@@ -193,8 +200,12 @@ def wait_ready(servers: list[Server], timeout_s: float, path: str = "/model_info
         if pending and time.monotonic() > deadline:
             raise HarnessError(f"{', '.join(s.name for s in pending)} not ready within "
                                f"{timeout_s:.0f} s; {pending[0].log}:\n{pending[0].tail()}")
+        if pending and progress is not None and time.monotonic() >= next_report:
+            next_report += every_s
+            progress(f"waiting for {', '.join(s.name for s in pending)} to answer {path} "
+                     f"({time.monotonic() - t0:.0f} s of at most {timeout_s:.0f} s)")
         if pending:
-            time.sleep(1.0)
+            time.sleep(min(1.0, every_s))
 
 
 @dataclass
@@ -322,7 +333,7 @@ class PDPair:
               engine: str = "mooncake", timeout_s: float = 600.0,
               prefill_env: dict | None = None, decode_env: dict | None = None,
               prefill_tp: int = 1, decode_tp: int = 1, server_args: tuple[str, ...] = (),
-              decode_args: tuple[str, ...] = ()) -> PDPair:
+              decode_args: tuple[str, ...] = (), progress=None) -> PDPair:
         """`server_args` go to both servers, `decode_args` to decode only. Note [SGLang
         plan]: prefill learns decode's TP from PDC_SGLANG_DECODE."""
         bport = free_port()
@@ -340,10 +351,10 @@ class PDPair:
                               extra_args=server_args + decode_args)
         pair = None
         try:
-            wait_ready([prefill, decode], timeout_s)
+            wait_ready([prefill, decode], timeout_s, progress=progress)
             router = start_router(python, prefill, bport, decode, log_dir)
             pair = cls(prefill, decode, router, bport, log_dir)
-            wait_ready([router], 120.0, path="/v1/models")
+            wait_ready([router], 120.0, path="/v1/models", progress=progress)
             return pair
         except BaseException:
             for s in (prefill, decode) + ((pair.router,) if pair else ()):
@@ -356,11 +367,11 @@ class PDPair:
 
 
 def start_plain(python: str, model: str, log_dir: str, timeout_s: float = 600.0,
-                extra_args: tuple[str, ...] = (), tp: int = 1) -> Server:
+                extra_args: tuple[str, ...] = (), tp: int = 1, progress=None) -> Server:
     plain = start_server(python, model, f"plain-tp{tp}", log_dir, metrics=False,
                          extra_args=extra_args, tp=tp)
     try:
-        wait_ready([plain], timeout_s)
+        wait_ready([plain], timeout_s, progress=progress)
     except BaseException:
         plain.stop()
         raise

@@ -56,7 +56,8 @@ class Engine:
 
     def __init__(self, python: str, workdir: Path, role: str, model: str, family: str,
                  engine: str, core: int | str, block_size: int = 32, extra: dict | None = None,
-                 tp: int = 1):
+                 tp: int = 1, connector: str = "pdc", env: dict | None = None,
+                 engine_id: str = ""):
         import zmq
 
         self.role = role
@@ -66,12 +67,14 @@ class Engine:
             f.unlink(missing_ok=True)
         cmd = [python, "-m", "pdc.serving.vllm_engine", "--model", model, "--role", role,
                "--engine", engine, "--family", family, "--port-file", str(self.port_file),
-               "--block-size", str(block_size), "--tp", str(tp)]
+               "--block-size", str(block_size), "--tp", str(tp), "--connector", connector]
+        if engine_id:
+            cmd += ["--engine-id", engine_id]
         if extra:
             cmd += ["--extra", json.dumps(extra)]
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(cmd, env=engine_env(core), stdout=self._log,
-                                     stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, env=dict(engine_env(core), **(env or {})),
+                                     stdout=self._log, stderr=subprocess.STDOUT)
         self.sock = zmq.Context.instance().socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.address = ""
@@ -144,17 +147,22 @@ class Outcome:
     ttft_s: float = 0.0
     error: str = ""
 
+    pdc: bool = True  # moved by PdcConnector, which reports what it moved
+
     @property
     def ok(self) -> bool:
-        return not self.error and self.got == self.ref and bool(self.transfer) and \
-            self.transfer.get("ok", False) and self.transfer.get("bytes", 0) > 0
+        return not self.error and self.got == self.ref and (not self.pdc or (
+            bool(self.transfer) and self.transfer.get("ok", False)
+            and self.transfer.get("bytes", 0) > 0))
 
 
 def run_pd(prefill: Engine, decode: Engine, prompts: list[list[int]], max_tokens: int,
-           on_done=None, concurrency: int = 4) -> tuple[list[list[int]], list[dict | None],
-                                                          list[float], list[str]]:
+           on_done=None, concurrency: int = 4, flow: Flow | None = None
+           ) -> tuple[list[list[int]], list[dict | None], list[float], list[str]]:
     """Every prompt through prefill then decode, `concurrency` at once; repeats start after
-    the prompt they repeat finished (so decode holds its prefix)."""
+    the prompt they repeat finished (so decode holds its prefix). `flow` gives the
+    kv_transfer_params of each side (default: PdcConnector's and NixlConnector's)."""
+    flow = flow or Flow()
     n = len(prompts)
     tokens: list[list[int]] = [[] for _ in range(n)]
     transfers: list[dict | None] = [None] * n
@@ -183,7 +191,7 @@ def run_pd(prefill: Engine, decode: Engine, prompts: list[list[int]], max_tokens
             todo.remove(i)
             started[i] = time.monotonic()
             prefill.send({"op": "generate", "id": f"p{i}", "prompt": prompts[i],
-                          "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}})
+                          "max_tokens": 1, "kv_transfer_params": flow.to_prefill(i)})
             in_flight += 1
         if time.monotonic() > deadline:
             raise DemoError(f"requests {sorted(set(range(n)) - done)} did not finish in time")
@@ -193,7 +201,7 @@ def run_pd(prefill: Engine, decode: Engine, prompts: list[list[int]], max_tokens
             r = json.loads(eng.sock.recv())
             i = int(r["id"][1:])
             if eng is prefill:
-                params = r.get("kv_transfer_params")
+                params = flow.to_decode(i, r.get("kv_transfer_params"))
                 if not params:
                     errors[i] = "prefill returned no kv_transfer_params"
                     done.add(i)
@@ -213,6 +221,64 @@ def run_pd(prefill: Engine, decode: Engine, prompts: list[list[int]], max_tokens
                 if on_done is not None:
                     on_done(i)
     return tokens, transfers, ttft, errors
+
+
+@dataclass(frozen=True)
+class Flow:
+    """Note [vLLM's own connectors]: the proxy's side of a connector. PdcConnector and
+    NixlConnector take `do_remote_decode` on prefill and give decode's params in prefill's
+    answer; MooncakeConnector takes a transfer id on both sides and decode names prefill's
+    engine id and bootstrap server (prefill answers no params), as vLLM's own proxy for it
+    does."""
+
+    mooncake_engine_id: str = ""  # MooncakeConnector: prefill's engine id
+    mooncake_bootstrap: str = ""  # and its bootstrap server, http://host:port
+    tag: str = ""  # makes transfer ids unique across runs
+
+    def to_prefill(self, i: int) -> dict:
+        if self.mooncake_engine_id:
+            return {"do_remote_decode": True, "transfer_id": f"{self.tag}t{i}"}
+        return {"do_remote_decode": True}
+
+    def to_decode(self, i: int, answer: dict | None) -> dict | None:
+        if self.mooncake_engine_id:
+            return {"do_remote_prefill": True, "remote_engine_id": self.mooncake_engine_id,
+                    "remote_bootstrap_addr": self.mooncake_bootstrap,
+                    "transfer_id": f"{self.tag}t{i}"}
+        return answer
+
+
+def run_alone(engine: Engine, prompts: list[list[int]], max_tokens: int,
+              concurrency: int) -> tuple[list[list[int]], list[float]]:
+    """Every prompt through one engine, `concurrency` at once, in the order run_pd keeps
+    (repeats after the prompt they repeat); (tokens, TTFT s) per prompt."""
+    n = len(prompts)
+    tokens: list[list[int]] = [[] for _ in range(n)]
+    ttft = [0.0] * n
+    first_use: dict[tuple, int] = {}
+    after = {}
+    for i, p in enumerate(prompts):
+        if tuple(p) in first_use:
+            after[i] = first_use[tuple(p)]
+        else:
+            first_use[tuple(p)] = i
+    todo, done, in_flight = list(range(n)), set(), 0
+    while len(done) < n:
+        for i in list(todo):
+            if in_flight >= concurrency:
+                break
+            if i in after and after[i] not in done:
+                continue
+            todo.remove(i)
+            engine.send({"op": "generate", "id": f"a{i}", "prompt": prompts[i],
+                         "max_tokens": max_tokens})
+            in_flight += 1
+        r = engine.recv(REQUEST_TIMEOUT_S * 2)
+        i = int(r["id"][1:])
+        tokens[i], ttft[i] = r["tokens"], r["ttft_s"]
+        done.add(i)
+        in_flight -= 1
+    return tokens, ttft
 
 
 def run_single(engine: Engine, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
@@ -249,10 +315,45 @@ def print_outcomes(outcomes: list[Outcome], engine_name: str, out) -> None:
                 right=(0, 1, 2, 3, 4), title=f"pdc vllm-demo ({engine_name})", markup=True)
 
 
+def _print_timeline(folders: list[Path], out, title: str) -> None:
+    from .timeline import print_summary, read_runs, summarize
+
+    rows = summarize(read_runs(folders))
+    if rows:
+        print_summary(rows, out, title)
+
+
+def _compare(python, work, model, family, engine_name, prompts, ref, max_tokens, in_flight,
+             repeat, with_others, timeline, phase, out) -> int:
+    from ..console import wrap
+    from . import vllm_compare as V
+
+    backends = V.BACKENDS if with_others else ("pdc",)
+    load_before = V.load_average()
+    runs = V.compare(python, work, model, family, engine_name, prompts, ref, max_tokens,
+                     in_flight, repeat, backends, phase)
+    V.print_rows(V.rows_of(runs, engine_name, len(prompts)), out, wrap(
+        f"pdc vllm-demo: {len(prompts)} prompts, {in_flight} in flight, {repeat} "
+        f"repetition(s) interleaved; median over repetitions of each run's TTFT p50 / p99; "
+        f"load average {load_before} before, {V.load_average()} after"))
+    V.print_failures(runs, engine_name, out)
+    if timeline:
+        _print_timeline([r.logs for r in runs if r.backend == "pdc"], out,
+                        f"pdc timeline ({engine_name}, every repetition)")
+    return 0 if all(not r.errors for r in runs) else 1
+
+
 def run_demo(family: str, engine_name: str, n_prompts: int, max_tokens: int, seed: int,
-             out=None, keep: bool = False) -> int:
-    """Results on `out` (stdout), progress and errors on stderr."""
+             out=None, keep: bool = False, compare: bool = False, in_flight: int = 4,
+             repeat: int = 1, timeline: bool = False) -> int:
+    """Results on `out` (stdout), progress and errors on stderr. `compare` adds vLLM's own
+    connectors and one engine alone (pdc/serving/vllm_compare.py); `repeat` runs every backend that
+    many times, interleaved; `timeline` has pdc log its transfers and prints their phases
+    (pdc/serving/timeline.py)."""
     from ..console import Counter, phase_printer, wrap
+
+    if timeline:
+        os.environ["PDC_TRANSFER_LOG"] = "1"  # the engine processes inherit it
 
     out = out if out is not None else sys.stdout
     python = vllm_python()
@@ -282,6 +383,9 @@ def run_demo(family: str, engine_name: str, n_prompts: int, max_tokens: int, see
         ref = run_single(ref_engine, prompts, max_tokens)
         ref_engine.stop()
         engines.remove(ref_engine)
+        if compare or repeat > 1:
+            return _compare(python, work, model, family, engine_name, prompts, ref,
+                            max_tokens, in_flight, repeat, compare, timeline, phase, out)
         phase("starting prefill and decode engines")
         pre = Engine(python, work, "prefill", model, family, engine_name, core=0)
         engines.append(pre)
@@ -293,7 +397,8 @@ def run_demo(family: str, engine_name: str, n_prompts: int, max_tokens: int, see
         progress = Counter("prompts", n_prompts)
         try:
             tokens, transfers, ttft, errors = run_pd(
-                pre, dec, prompts, max_tokens, on_done=lambda i: progress.tick())
+                pre, dec, prompts, max_tokens, on_done=lambda i: progress.tick(),
+                concurrency=in_flight)
         finally:
             progress.close()
         free = pre.call({"op": "free_blocks"}), dec.call({"op": "free_blocks"})
@@ -309,7 +414,10 @@ def run_demo(family: str, engine_name: str, n_prompts: int, max_tokens: int, see
                    f"bytes moved: {total_bytes:,}; TTFT p50 {_pct(ttfts, 0.5):.0f} ms, "
                    f"p99 {_pct(ttfts, 0.99):.0f} ms; "
                    f"{'; '.join(leaked) or 'no request left on either engine'}; "
-                   f"{time.monotonic() - t0:.0f} s in all"), file=out)
+                   f"{time.monotonic() - t0:.0f} s in all; load average "
+                   f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}"), file=out)
+        if timeline:
+            _print_timeline([work], out, f"pdc timeline ({engine_name})")
         return 0 if ok == n_prompts and not leaked else 1
     except DemoError as e:
         print(f"pdc vllm-demo: error: {e}", file=sys.stderr)

@@ -2,8 +2,9 @@
 
 Run by the vLLM environment's python (Note [vLLM environment]):
 
-    python -m pdc.serving.vllm_engine --model DIR --role prefill|decode|single --engine mooncake \
-        --family vllm-llama --port-file PATH [--block-size 32]
+    python -m pdc.serving.vllm_engine --model DIR --role prefill|decode|single \
+        --engine mooncake --family vllm-llama --port-file PATH [--block-size 32] \
+        [--connector pdc|nixl|mooncake]
 
 It binds a ROUTER socket on a random loopback port, writes the address to --port-file, and
 serves JSON requests: {"op": "generate", "id", "prompt": [token ids], "max_tokens",
@@ -23,19 +24,45 @@ import sys
 import time
 
 
-def _engine(args):
-    from vllm import EngineArgs, LLMEngine
+def _kv_config(args):
+    """The engine's KV connector: pdc's, or one of vLLM's own for `pdc vllm-demo --compare`
+    (Note [vLLM's own connectors] in pdc/serving/vllm_demo.py)."""
     from vllm.config import KVTransferConfig
 
-    kv = None
-    if args.role != "single":
-        extra = {"family": args.family, "engine": args.engine}
-        if args.extra:
-            extra.update(json.loads(args.extra))
-        kv = KVTransferConfig(kv_connector="PdcConnector",
-                              kv_connector_module_path="pdc.integrations.vllm",
-                              kv_role="kv_producer" if args.role == "prefill" else "kv_consumer",
-                              kv_connector_extra_config=extra)
+    role = "kv_producer" if args.role == "prefill" else "kv_consumer"
+    if args.connector == "nixl":
+        return KVTransferConfig(kv_connector="NixlConnector", kv_role="kv_both",
+                                kv_buffer_device="cpu")
+    if args.connector == "mooncake":
+        return KVTransferConfig(kv_connector="MooncakeConnector", kv_role=role,
+                                engine_id=args.engine_id or None,
+                                kv_connector_extra_config={"mooncake_protocol": "tcp"})
+    extra = {"family": args.family, "engine": args.engine}
+    if args.extra:
+        extra.update(json.loads(args.extra))
+    return KVTransferConfig(kv_connector="PdcConnector",
+                            kv_connector_module_path="pdc.integrations.vllm",
+                            kv_role=role, kv_connector_extra_config=extra)
+
+
+def _cpu_fixes(connector: str) -> None:
+    """What vLLM's own connectors need on a CPU-only host (Note [vLLM's own connectors] in
+    pdc/serving/vllm_compare.py), applied in this engine process only: MooncakeConnector's worker
+    asks torch for the accelerator's device index (mooncake_connector.py, `self.device_id
+    = torch.accelerator.current_device_index()`), which raises without one; on the CPU
+    platform index 0 is what it then hands to `set_device` (torch.cpu.set_device)."""
+    import torch
+
+    if connector == "mooncake" and not torch.accelerator.is_available():
+        torch.accelerator.current_device_index = lambda: 0
+
+
+def _engine(args):
+    from vllm import EngineArgs, LLMEngine
+
+    _cpu_fixes(args.connector)
+
+    kv = None if args.role == "single" else _kv_config(args)
     ea = EngineArgs(model=args.model, skip_tokenizer_init=True, enforce_eager=True,
                     block_size=args.block_size, max_model_len=args.max_model_len,
                     gpu_memory_utilization=0.1, enable_prefix_caching=not is_hybrid(args.family),
@@ -128,8 +155,9 @@ def _block_state(engine) -> dict:
     pool = sched.kv_cache_manager.block_pool
     state = {"free": pool.get_num_free_blocks(), "total": pool.num_gpu_blocks,
              "requests": len(sched.requests), "held": []}
-    if has_kv_transfer_group():
-        worker = get_kv_transfer_group().worker
+    worker = getattr(get_kv_transfer_group(), "worker", None) if has_kv_transfer_group() \
+        else None
+    if hasattr(worker, "senders"):  # PdcConnector (vLLM's own connectors keep other state)
         state["held"] = sorted(set(worker.senders) | set(worker.receivers) | worker.aborting)
     return state
 
@@ -144,6 +172,10 @@ def main(argv=None) -> int:
     ap.add_argument("--engine", default="mooncake")
     ap.add_argument("--family", default="vllm-llama")
     ap.add_argument("--extra", default="", help="more kv_connector_extra_config, as JSON")
+    ap.add_argument("--connector", choices=("pdc", "nixl", "mooncake"), default="pdc",
+                    help="pdc's PdcConnector or vLLM's NixlConnector / MooncakeConnector")
+    ap.add_argument("--engine-id", default="", help="vLLM's engine id (MooncakeConnector's "
+                    "decode names prefill's)")
     ap.add_argument("--block-size", type=int, default=32)
     ap.add_argument("--max-model-len", type=int, default=1024)
     ap.add_argument("--tp", type=int, default=1)
@@ -159,6 +191,13 @@ def main(argv=None) -> int:
         with open(args.port_file + ".err", "w") as f:
             f.write(f"{type(e).__name__}: {e}")
         raise
+    core = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "")
+    if args.connector == "nixl" and core.isdigit():
+        # NixlConnector on a CPU moves the engine's thread to the last core of each NUMA
+        # node (its "core for KV transfer"); put it back on the engine's own core (Note
+        # [Engine threads] in pdc/serving/vllm_demo.py).
+        os.sched_setaffinity(0, {int(core)})
+    from pdc.runtime.metrics import mark
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.ROUTER)
     port = sock.bind_to_random_port("tcp://127.0.0.1")
@@ -170,6 +209,7 @@ def main(argv=None) -> int:
     clients: dict[str, bytes] = {}
     started: dict[str, float] = {}
     first: dict[str, float] = {}
+    rooms: dict[str, int] = {}  # decode requests of pdc: their room, for the timeline
     while True:
         busy = engine.has_unfinished_requests() or \
             engine.engine_core.engine_core.scheduler.has_requests()
@@ -188,6 +228,8 @@ def main(argv=None) -> int:
                                     ignore_eos=True, extra_args=extra)
                 clients[rid] = ident
                 started[rid] = time.monotonic()
+                if "pdc_room" in (msg.get("kv_transfer_params") or {}):
+                    rooms[rid] = int(msg["kv_transfer_params"]["pdc_room"])
                 engine.add_request(rid, {"prompt_token_ids": msg["prompt"]}, sp)
             elif op == "abort":
                 engine.abort_request([msg["id"]])
@@ -205,6 +247,8 @@ def main(argv=None) -> int:
             if rid in started and rid not in first and out.outputs and \
                     out.outputs[0].token_ids:
                 first[rid] = time.monotonic()
+                if rid in rooms:  # Note [Timeline stamps]: the first token left
+                    mark("first_token", "decode", rooms.pop(rid), t=first[rid])
             if not out.finished or rid not in clients:
                 continue
             o = out.outputs[0]
@@ -213,6 +257,7 @@ def main(argv=None) -> int:
                      "finish_reason": o.finish_reason,
                      "ttft_s": first.get(rid, time.monotonic()) - started.pop(rid)}
             first.pop(rid, None)
+            rooms.pop(rid, None)
             reply["pdc"] = _transfer_of(rid)
             sock.send_multipart([clients.pop(rid), json.dumps(reply).encode()])
     sock.close(0)

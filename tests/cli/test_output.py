@@ -118,6 +118,12 @@ def test_usage_errors_are_exit_2_and_a_json_error_object(capsys, argv, message, 
      "  hint: give --in-flight from 1 to 256\n"),
     (["sglang-demo", "--prompts", "-5"], "pdc sglang-demo: error: --prompts is -5\n"
      "  hint: give --prompts from 1 to 10000\n"),
+    (["vllm-demo", "--in-flight", "0"], "pdc vllm-demo: error: --in-flight is 0\n"
+     "  hint: give --in-flight from 1 to 256\n"),
+    (["vllm-demo", "--compare", "--repeat", "0"], "pdc vllm-demo: error: --repeat is 0\n"
+     "  hint: give --repeat from 1 to 20\n"),
+    (["sglang-demo", "--repeat", "21"], "pdc sglang-demo: error: --repeat is 21\n"
+     "  hint: give --repeat from 1 to 20\n"),
 ])
 def test_server_demos_cap_their_arguments_with_exit_2(capsys, argv, message):
     assert run(capsys, *argv) == (2, "", message)
@@ -323,6 +329,24 @@ def test_sglang_demo_table(capsys):
     fits(out.getvalue())
 
 
+def test_sglang_demo_table_of_repetitions_has_their_medians_and_the_load():
+    from pdc.serving.sglang_demo import Row, print_rows
+
+    rows = [Row("pdc", "mooncake", 16, 0, 0, 0.5, 16, 1.0, p50, p99, 1.0, [], rep)
+            for rep, (p50, p99) in enumerate(((100, 300), (140, 500), (120, 200)))]
+    out = io.StringIO()
+    print_rows(rows, 16, 1, out, load="; load average 0.50, 0.40, 0.30 before, 0.60, 0.50, "
+                                      "0.40 after")
+    text = out.getvalue()
+    assert "load average 0.50, 0.40, 0.30 before, 0.60, 0.50, 0.40 after" in text.replace(
+        "\n  ", " ")
+    assert text.splitlines()[-3:] == [
+        "  backend  engine    runs  TTFT p50 ms  TTFT p99 ms",
+        "  -------- --------- ----- ------------ -----------",
+        "  pdc      mooncake     3          120          300"]
+    fits(text)
+
+
 def test_vllm_demo_table_wraps_a_long_failure():
     from pdc.serving.vllm_demo import Outcome, print_outcomes
 
@@ -340,3 +364,40 @@ def test_vllm_demo_table_wraps_a_long_failure():
         "  0      17              0  123,456      100  identical"]
     assert lines[4].startswith("  1     300             16        5      200  decode [rank 0] "
                                "says: no such block")
+
+
+def test_vllm_compare_table_is_medians_over_repetitions_and_overhead_over_one_engine():
+    from pathlib import Path
+
+    from pdc.serving.vllm_compare import Run, print_rows, rows_of
+
+    def run(backend, rep, ttfts, identical=4):
+        return Run(backend, rep, Path("."), ttfts, identical)
+
+    runs = [run("alone", 0, [20, 22, 24, 80]), run("pdc", 0, [60, 70, 75, 300]),
+            run("nixl", 0, [50, 55, 60, 200]), run("alone", 1, [30, 32, 34, 90]),
+            run("pdc", 1, [40, 42, 44, 100], identical=3), run("nixl", 1, [45, 50, 55, 150])]
+    rows = {r.backend: r for r in rows_of(runs, "mooncake", 4)}
+    assert (rows["one engine"].p50_ms, rows["one engine"].p99_ms) == (29.0, 85.0)
+    pdc = rows["pdc (mooncake)"]
+    assert (pdc.runs, pdc.identical, pdc.p50_ms, pdc.p99_ms) == (2, "7/8", 59.5, 200.0)
+    assert (pdc.over_p50_ms, pdc.over_p99_ms) == (30.5, 115.0)
+    assert rows["vLLM NixlConnector"].over_p50_ms == 28.5
+    assert rows["one engine"].over_p50_ms is None
+    out = io.StringIO()
+    print_rows(list(rows.values()), out, "title")
+    line = next(x for x in out.getvalue().splitlines() if x.startswith("  pdc (mooncake)"))
+    assert line.split() == ["pdc", "(mooncake)", "2", "7/8", "60", "200", "+30", "+115"]
+    fits(out.getvalue())
+
+
+def test_vllm_proxy_flows_of_the_connectors():
+    from pdc.serving.vllm_demo import Flow
+
+    assert Flow().to_prefill(3) == {"do_remote_decode": True}
+    assert Flow().to_decode(3, {"pdc_room": 7}) == {"pdc_room": 7}
+    moon = Flow("prefill-0", "http://127.0.0.1:9000", "r0")
+    assert moon.to_prefill(3) == {"do_remote_decode": True, "transfer_id": "r0t3"}
+    assert moon.to_decode(3, None) == {
+        "do_remote_prefill": True, "remote_engine_id": "prefill-0",
+        "remote_bootstrap_addr": "http://127.0.0.1:9000", "transfer_id": "r0t3"}

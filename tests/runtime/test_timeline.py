@@ -10,7 +10,7 @@ from pdc.runtime import knobs
 from pdc.runtime.endpoints import KVPoll
 from pdc.runtime.metrics import RecordBuffer, mark
 
-from pdc.timeline import PHASES, collect, parse_line, summarize
+from pdc.serving.timeline import PHASES, collect, parse_line, summarize
 
 from .failure_tools import fill, send_all, wait_for
 

@@ -11,8 +11,8 @@ from collections import Counter
 
 # (text a skip reason contains, how to enable those tests); the first match wins.
 HOW_TO_ENABLE = (
-    ("no vLLM environment", "build it with ./scripts/install-vllm.sh (~8 min, ~1.8 GB, once)"),
-    ("no SGLang environment", "build it with ./scripts/install-sglang.sh (~5 min, ~3.7 GB, once)"),
+    ("no vLLM environment", "build it with ./scripts/install-vllm.sh (~3-5 min, ~3.8 GB, once)"),
+    ("no SGLang environment", "build it with ./scripts/install-sglang.sh (~5-20 min, ~3.9 GB, once)"),
     ("CUDA device", "run on a machine with CUDA GPUs (bench/run_gpu.sh, BENCHMARKS.md)"),
     ("not installed", "./scripts/install.sh installs Mooncake and NIXL"),
     ("could not import 'transformers'", "pip install -e '.[hf]'"),

@@ -54,3 +54,23 @@ def test_a_second_install_waits_for_the_first(tmp_path):
     assert out.strip() == str(python)
     assert err == f"install-vllm.sh: reusing {venv}\n"
     assert calls.read_text() == "-m pip install -q --no-deps --no-build-isolation -e .\n"
+
+
+def test_the_environments_size_and_time_are_the_same_wherever_they_are_given():
+    """The install scripts' first-build message is the source; the skip summary, the README
+    and the engine pages quote it (measured 2026-12-03 on the 2-core box)."""
+    import re
+
+    def first_build(script: str) -> tuple[str, str]:
+        text = (REPO / "scripts" / script).read_text()
+        time, size = re.search(r"first time: (~[^,]+), (~[\d.]+ GB)\)", text).groups()
+        return time, size
+
+    skip = (REPO / "tests" / "support" / "skip_summary.py").read_text()
+    readme = (REPO / "README.md").read_text()
+    for script, doc in (("install-vllm.sh", None), ("install-sglang.sh", "docs/sglang.md")):
+        time, size = first_build(script)
+        assert f"./scripts/{script} ({time}, {size}, once)" in skip, script
+        assert f"{size}, {time}" in readme, script
+        if doc:
+            assert f"({size}, {time}" in (REPO / doc).read_text(), script

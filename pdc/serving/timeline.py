@@ -32,7 +32,9 @@ PHASES = (
     ("ask", "d.requested", "p.requested", "decode asks -> prefill has the request"),
     ("wait forward", "p.requested", "ready",
      "prefill has the request -> its forward is done too (0 when it was done before)"),
-    ("submit", "ready", "p.first_write", "both there -> first write submitted"),
+    ("submit", "ready", "p.first_write",
+     "both there -> first write submitted (negative when earlier chunks left before the last "
+     "one was computed: chunked prefill)"),
     ("transfer", "p.first_write", "p.done", "first write submitted -> last write done"),
     ("tell decode", "p.done", "d.done", "last write done -> decode's endpoint has Success"),
     ("engine sees", "d.done", "m.seen", "decode's endpoint -> its engine polls the Success"),
@@ -147,7 +149,7 @@ def summarize(requests: Iterable[Request]) -> list[PhaseRow]:
 
 
 def print_summary(rows: list[PhaseRow], out, title: str) -> None:
-    from .console import print_table
+    from ..console import print_table
 
     print_table(("phase", "n", "p50 ms", "p99 ms", "mean ms", "from -> to"),
                 [(r.phase, str(r.n), f"{r.p50_ms:.1f}", f"{r.p99_ms:.1f}", f"{r.mean_ms:.1f}",

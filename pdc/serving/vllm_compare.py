@@ -1,0 +1,199 @@
+"""`pdc vllm-demo --compare`: PdcConnector against vLLM's own PD connectors on the same engines.
+
+Each backend runs the same model, prompts, engine settings and core binding (prefill on core
+0, decode and the engine alone on core 1; Note [Engine threads] in pdc/serving/vllm_demo.py):
+
+- `pdc (ENGINE)`: PdcConnector over pdc's Mooncake or NIXL engine;
+- `vLLM NixlConnector`, `vLLM MooncakeConnector` (TCP): vLLM's own connectors, with the CPU
+  fixes of Note [vLLM's own connectors];
+- `one engine`: a single vLLM engine serving the prompts itself, the floor the others are
+  measured against ("over one engine" = TTFT minus this row's, p50 and p99).
+
+Every backend starts fresh engines in its own log folder; `--repeat N` runs them N times,
+each repetition in another order (rotated), so that a load that comes and goes on the host
+spreads over all of them, and the table shows the median over repetitions of each run's p50
+and p99. Every generated token is compared with the reference engine's.
+
+Note [vLLM's own connectors]: what they need on a CPU box, set here and nowhere else:
+- NixlConnector: the `nixl` package (the small one that imports nixl-cu12's API; the vLLM
+  environment installs it), `kv_buffer_device="cpu"`, `kv_role="kv_both"`, a side-channel
+  port of its own per engine (VLLM_NIXL_SIDE_CHANNEL_PORT, host 127.0.0.1), and the engine
+  put back on its core after start (on a CPU it moves the engine's thread to the last core
+  of the NUMA node, pdc.serving.vllm_engine undoes that). UCX runs with the settings every engine of
+  the demo gets (TCP over `lo`, engine_env), as pdc's NIXL engine does.
+- MooncakeConnector: `mooncake_protocol: tcp` (its default is RDMA), a bootstrap port of its
+  own on prefill (VLLM_MOONCAKE_BOOTSTRAP_PORT), VLLM_HOST_IP=127.0.0.1, prefill's engine id
+  fixed by the demo, the proxy flow of Flow (pdc/serving/vllm_demo.py), and in the engine process
+  `torch.accelerator.current_device_index` answering 0 on a host without an accelerator
+  (its worker asks for it and raises otherwise; pdc.serving.vllm_engine's `_cpu_fixes`).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .vllm_demo import DemoError, Engine, Flow, run_alone, run_pd
+
+BACKENDS = ("pdc", "nixl", "mooncake", "alone")
+LABELS = {"nixl": "vLLM NixlConnector", "mooncake": "vLLM MooncakeConnector",
+          "alone": "one engine"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Run:
+    backend: str
+    rep: int
+    logs: Path
+    ttft_ms: list = field(default_factory=list)
+    identical: int = 0
+    errors: list = field(default_factory=list)
+
+    @property
+    def p50(self) -> float:
+        return _pct(self.ttft_ms, 0.5)
+
+    @property
+    def p99(self) -> float:
+        return _pct(self.ttft_ms, 0.99)
+
+
+def _pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return 0.0
+    ys = sorted(xs)
+    return ys[min(len(ys) - 1, int(round(q * (len(ys) - 1))))]
+
+
+def label(backend: str, engine_name: str) -> str:
+    return f"pdc ({engine_name})" if backend == "pdc" else LABELS[backend]
+
+
+def run_backend(python: str, work: Path, model: str, family: str, engine_name: str,
+                backend: str, rep: int, prompts: list[list[int]], ref: list[list[int]],
+                max_tokens: int, in_flight: int) -> Run:
+    logs = work / f"rep{rep}-{backend}"
+    logs.mkdir()
+    run = Run(backend, rep, logs)
+    engines: list[Engine] = []
+    try:
+        if backend == "alone":
+            one = Engine(python, logs, "single", model, family, engine_name, core=1)
+            engines.append(one)
+            one.wait_up()
+            tokens, ttft = run_alone(one, prompts, max_tokens, in_flight)
+            errors = [""] * len(prompts)
+        else:
+            pre_env, dec_env, flow = {}, {}, Flow()
+            if backend == "nixl":
+                pre_env = {"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+                           "VLLM_NIXL_SIDE_CHANNEL_PORT": str(_free_port())}
+                dec_env = dict(pre_env, VLLM_NIXL_SIDE_CHANNEL_PORT=str(_free_port()))
+            elif backend == "mooncake":
+                port = _free_port()
+                pre_env = {"VLLM_MOONCAKE_BOOTSTRAP_PORT": str(port),
+                           "VLLM_HOST_IP": "127.0.0.1"}
+                dec_env = dict(pre_env, VLLM_MOONCAKE_BOOTSTRAP_PORT=str(_free_port()))
+                flow = Flow(f"pdc-demo-prefill-{rep}", f"http://127.0.0.1:{port}", f"r{rep}")
+            pre = Engine(python, logs, "prefill", model, family, engine_name, core=0,
+                         connector=backend, env=pre_env, engine_id=flow.mooncake_engine_id)
+            engines.append(pre)
+            pre.wait_up()
+            dec = Engine(python, logs, "decode", model, family, engine_name, core=1,
+                         connector=backend, env=dec_env)
+            engines.append(dec)
+            dec.wait_up()
+            tokens, _, ttft, errors = run_pd(pre, dec, prompts, max_tokens,
+                                             concurrency=in_flight, flow=flow)
+        run.ttft_ms = [t * 1e3 for t, e in zip(ttft, errors, strict=True) if not e]
+        run.identical = sum(t == r and not e for t, r, e in zip(tokens, ref, errors,
+                                                                strict=True))
+        run.errors = [f"prompt {i}: {e}" for i, e in enumerate(errors) if e] + \
+            [f"prompt {i}: tokens differ from the engine alone" for i, (t, r, e) in
+             enumerate(zip(tokens, ref, errors, strict=True)) if not e and t != r]
+    except DemoError as e:
+        run.errors.append(str(e))
+    finally:
+        for e in engines:
+            e.stop()
+    return run
+
+
+def compare(python: str, work: Path, model: str, family: str, engine_name: str,
+            prompts: list[list[int]], ref: list[list[int]], max_tokens: int, in_flight: int,
+            repeat: int, backends: tuple[str, ...], phase) -> list[Run]:
+    """Every backend `repeat` times, each repetition in another (rotated) order."""
+    runs = []
+    for rep in range(repeat):
+        order = backends[rep % len(backends):] + backends[:rep % len(backends)]
+        for b in order:
+            phase(f"repetition {rep + 1}/{repeat}: {label(b, engine_name)}")
+            runs.append(run_backend(python, work, model, family, engine_name, b, rep, prompts,
+                                    ref, max_tokens, in_flight))
+    return runs
+
+
+@dataclass(frozen=True)
+class Row:
+    backend: str
+    runs: int
+    identical: str
+    p50_ms: float
+    p99_ms: float
+    over_p50_ms: float | None
+    over_p99_ms: float | None
+
+
+def rows_of(runs: list[Run], engine_name: str, n_prompts: int) -> list[Row]:
+    """One row per backend: medians over its runs; overhead over the `one engine` row."""
+    by: dict[str, list[Run]] = {}
+    for r in runs:
+        by.setdefault(r.backend, []).append(r)
+    med = {b: (statistics.median(r.p50 for r in rs), statistics.median(r.p99 for r in rs))
+           for b, rs in by.items()}
+    base = med.get("alone")
+    out = []
+    for b, rs in by.items():
+        p50, p99 = med[b]
+        out.append(Row(label(b, engine_name), len(rs),
+                       f"{sum(r.identical for r in rs)}/{n_prompts * len(rs)}", p50, p99,
+                       None if base is None or b == "alone" else p50 - base[0],
+                       None if base is None or b == "alone" else p99 - base[1]))
+    return out
+
+
+def load_average() -> str:
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def print_rows(rows: list[Row], out, title: str) -> None:
+    from ..console import print_table
+
+    def ms(x: float | None) -> str:
+        return "-" if x is None else f"{x:+.0f}"
+
+    print_table(("backend", "runs", "identical", "TTFT p50 ms", "TTFT p99 ms",
+                 "over one engine p50", "p99"),
+                [(r.backend, str(r.runs), r.identical, f"{r.p50_ms:.0f}", f"{r.p99_ms:.0f}",
+                  ms(r.over_p50_ms), ms(r.over_p99_ms)) for r in rows], out,
+                right=range(1, 7), title=title)
+
+
+def print_failures(runs: list[Run], engine_name: str, out=None) -> None:
+    from ..console import wrap
+
+    out = out if out is not None else sys.stdout
+    for r in runs:
+        for e in r.errors[:5]:
+            print(wrap(f"  FAILED {label(r.backend, engine_name)} (repetition {r.rep + 1}): "
+                       f"{e}", indent="    "), file=out)

@@ -1,0 +1,28 @@
+"""The SGLang harness's wait for servers (no SGLang needed): while a server does not answer it
+reports every `every_s` which ones it waits for, and past the deadline it fails naming them
+and their log."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from pdc.serving.sglang_harness import HarnessError, Server, free_port, wait_ready
+
+
+def test_waiting_for_a_silent_server_reports_progress_then_fails_naming_it(tmp_path):
+    log = tmp_path / "decode.log"
+    log.write_text("loading the model\n")
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    server = Server("decode", f"http://127.0.0.1:{free_port()}", proc, str(log))
+    said: list[str] = []
+    try:
+        with pytest.raises(HarnessError) as e:
+            wait_ready([server], timeout_s=2.0, progress=said.append, every_s=0.5)
+    finally:
+        server.stop()
+    assert str(e.value) == f"decode not ready within 2 s; {log}:\nloading the model"
+    assert said and said[0].startswith("waiting for decode to answer /model_info (")
+    assert said[0].endswith(" s of at most 2 s)")
