@@ -119,6 +119,11 @@ def control_key() -> bytes | None:
                             "secret to a file and set PDC_CONTROL_SECRET_FILE on every prefill "
                             "and decode process")
         return None
+    return key_of(secret)
+
+
+def key_of(secret: bytes) -> bytes:
+    """The HMAC key derived from a control secret (the secret itself is never a MAC key)."""
     return hmac.new(secret, b"pdc control plane v1", hashlib.sha256).digest()
 
 

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from pdc.runtime import auth
 from pdc.verify.ranks import ROLE_DECODE
 from pdc.verify.reliability_ranks import load_family
 from pdc.verify.reliability_types import RelConfig, normalise
@@ -59,12 +60,11 @@ class Fuzzer:
         rng = np.random.default_rng(h.cfg.seed + 1)
         ctx = zmq.Context.instance()
         addrs = [a for _, a in sorted(h.hub_addr.items())]
-        socks = []
-        for a in addrs:
-            s = ctx.socket(zmq.DEALER)
-            s.setsockopt(zmq.LINGER, 0)
-            s.connect(a)
-            socks.append(s)
+        secret = str(h.cfg.knobs.get("control_secret", ""))
+        self.key = auth.key_of(secret.encode()) if secret else None
+        socks = [_Sealed(ctx, a, self.key) for a in addrs]
+        # Outsiders: connections without the secret (only when the ranks have one)
+        outsiders = [_Sealed(ctx, a, None) for a in addrs] if self.key else []
         topo = h.topo
         idle = [g for g in range(topo.decode.dp) if g not in h.dgroups]
         reg_src = h.plan.registration(ROLE_DECODE, RankId(0, 0))
@@ -77,7 +77,10 @@ class Fuzzer:
             n += 1
             kind = ("garbage", "flip", "truncate", "fingerprint", "unregistered", "register",
                     "unexpected", "oversize", "impostor")[n % 9]
-            if kind == "garbage":
+            if self.key is not None and n % 7 == 3:
+                kind = ("outsider", "forged", "replay")[(n // 7) % 3]
+                self._unauthenticated(kind, s, outsiders[i], valid, rng)
+            elif kind == "garbage":
                 s.send(rng.bytes(int(rng.integers(0, 300))))
             elif kind == "flip":
                 b = bytearray(valid[int(rng.integers(len(valid)))])
@@ -116,7 +119,7 @@ class Fuzzer:
             elif kind == "impostor" and idle:
                 self._impostor(ctx, W, wire, reg_src, rng, addrs, idle, imp_socks, n)
             self.counts["sent"] += 1
-            for s2 in socks + [x for xs in imp_socks.values() for x in xs]:
+            for s2 in socks + outsiders + [x for xs in imp_socks.values() for x in xs]:
                 while True:
                     try:
                         reply = s2.recv(zmq.NOBLOCK)
@@ -124,12 +127,32 @@ class Fuzzer:
                         break
                     self._count_reply(wire, reply, REG_ROOM)
             time.sleep(0.0005)
-        for s in socks + [x for xs in imp_socks.values() for x in xs]:
+        for s in socks + outsiders + [x for xs in imp_socks.values() for x in xs]:
             s.close(0)
+
+    def _unauthenticated(self, kind: str, s: _Sealed, outsider: _Sealed, valid, rng) -> None:
+        """Frames that must die at the authentication (Note [Control authentication]): valid
+        messages from a connection without the secret, DATA frames with a made-up MAC, and
+        replays of frames this connection sent before."""
+        payload = valid[int(rng.integers(len(valid)))]
+        if kind == "outsider":
+            outsider.send(payload)
+        elif kind == "forged":
+            s.raw(auth.MAGIC + bytes([auth.DATA]) + (2**62 + int(rng.integers(2**20))).to_bytes(
+                8, "little") + rng.bytes(auth.MAC_BYTES) + payload)
+        elif s.sent:
+            s.raw(s.sent[int(rng.integers(len(s.sent)))])
+        else:
+            return  # nothing sent on this connection yet: nothing to replay
+        self.counts[f"sent_{kind}"] += 1
 
     def _count_reply(self, wire, reply, reg_room) -> None:
         from pdc.runtime import wire as W
 
+        refused = auth.parse_refuse(reply)
+        if refused is not None:
+            self.counts[f"refused by authentication: {refused[0].decode()}"] += 1
+            return
         try:
             m = wire.decode(reply)
         except W.WireError:
@@ -188,7 +211,6 @@ class Fuzzer:
         """Register as an idle decode group (a valid registration with a bogus engine
         session), re-register with new sessions (floods the engine-peer cap), and send it
         requests for rooms no prefill will ever serve, and aborts of random rooms."""
-        import zmq
 
         from pdc.runtime.plan_types import RankId
 
@@ -199,9 +221,7 @@ class Fuzzer:
             imp_socks[g] = []
             agent = f"127.0.0.1:{int(rng.integers(20000, 30000))}".encode()
             for a in addrs:
-                s = ctx.socket(zmq.DEALER)
-                s.setsockopt(zmq.LINGER, 0)
-                s.connect(a)
+                s = _Sealed(ctx, a, self.key)
                 s.send(wire.encode(self._register(W, wire, reg, g, agent)))
                 imp_socks[g].append(s)
             self.counts["impostor_registrations"] += 1
@@ -216,3 +236,42 @@ class Fuzzer:
             else:
                 s.send(wire.encode(W.Abort(room=room, generation=0, decode_rank=RankId(0, 0))))
         self.counts["impostor_messages"] += 1
+
+
+class _Sealed:
+    """A DEALER to a prefill rank that speaks the authenticated control plane when it has the
+    key (Note [Control authentication]): the fuzzer is then an insider whose hostile messages
+    pass the authentication and reach the message checks. Without a key, a plain DEALER."""
+
+    def __init__(self, ctx, address: str, key: bytes | None):
+        import zmq
+
+        self.s = ctx.socket(zmq.DEALER)
+        self.s.setsockopt(zmq.LINGER, 0)
+        self.s.connect(address)
+        self.session: auth.ClientSession | None = None
+        self.sent: list[bytes] = []  # the last sealed frames, for replays
+        if key is not None:
+            c = auth.ClientSession(key)
+            self.s.send(c.hello())
+            if self.s.poll(5000) and c.on_challenge(self.s.recv()):
+                self.session = c
+
+    def send(self, payload: bytes) -> None:
+        if self.session is not None:
+            payload = self.session.seal(payload)
+            self.sent = (self.sent + [payload])[-8:]
+        self.s.send(payload)
+
+    def raw(self, frame: bytes) -> None:
+        self.s.send(frame)
+
+    def recv(self, flags: int = 0) -> bytes:
+        frame = self.s.recv(flags)
+        if self.session is None:
+            return frame
+        opened = self.session.open(frame)
+        return frame if opened is None else opened  # a REFUSE frame comes as it is
+
+    def close(self, linger: int = 0) -> None:
+        self.s.close(linger)

@@ -209,6 +209,7 @@ class PrefillEndpoint(PrefillHandshake, PrefillControl, PrefillLiveness, Prefill
             out.update(rooms=len(self.rooms), finished=len(self.finished),
                        peers=len(self.peers), engine_peers=len(self.engine_peers),
                        dropped_sends=self.hub.dropped, handler_errors=self.hub.handler_errors,
+                       unauthenticated=self.hub.refused,
                        max_stall_ms=round(self.liveness.max_stall_s * 1e3),
                        transport=self.transport.describe())
             return out

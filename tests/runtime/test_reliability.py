@@ -126,9 +126,15 @@ def test_soak_across_four_rank_pairs():
     assert r.totals.get("checksum_mismatches", 0) == 0
 
 
-def test_fuzzed_control_plane_keeps_serving_verified_traffic():
+@pytest.mark.parametrize("secret", ["", "a control secret of 16+ bytes"],
+                         ids=["open", "authenticated"])
+def test_fuzzed_control_plane_keeps_serving_verified_traffic(secret):
+    """With a secret every rank authenticates (Note [Control authentication]) and the fuzzer
+    is an insider whose hostile messages pass it, besides outsiders, forged MACs and replays
+    that must die at the authentication."""
     knobs = dict(FAST, prefill_room_timeout_s=2.0, max_message_bytes=1 << 20,
-                 max_registrations=16, max_pending_rooms_per_peer=64, max_finished_rooms=2000)
+                 max_registrations=16, max_pending_rooms_per_peer=64, max_finished_rooms=2000,
+                 control_secret=secret)
     r = run(RelConfig(spec=TINY, decode="tp=1,dp=2", decode_groups=(0,), requests=300,
                       abort_rate=0.1, fuzz=True, knobs=knobs), out=io.StringIO())
     assert_clean(r)
@@ -140,6 +146,15 @@ def test_fuzzed_control_plane_keeps_serving_verified_traffic():
                  "plan digest differs", "decode dp group", "cannot connect", "too many"):
         assert f[f"rejected: {kind}"] > 0, (kind, f)
     st = r.rank_stats["prefill.dp0.pp0.tp0"]
+    if secret:
+        for kind in ("outsider", "forged", "replay"):
+            assert f[f"sent_{kind}"] > 0, (kind, f)
+        # Each outsider, forged or replayed frame was refused, and nothing else was.
+        sent = sum(f[f"sent_{k}"] for k in ("outsider", "forged", "replay"))
+        assert st["unauthenticated"] == sent, (st, f)
+        assert f["refused by authentication: A"] > 0, f
+    else:
+        assert st["unauthenticated"] == 0
     # Everything keyed by peer input stayed under its cap.
     assert st["engine_peers"] <= 16 and st["rooms"] <= 64 + 8 and st["finished"] <= 2000, st
 
