@@ -89,7 +89,9 @@ def parse_spec_text(text: str, path: str, overrides: dict[str, int] | None = Non
                                              f"cannot override {what} '{name}': the spec does "
                                              f"not declare it in `{key}`",
                                              f"override only names declared in `{key}`")])
-            declared[name] = value
+            # a bound param keeps its `from` and takes the value as its example
+            declared[name] = dict(declared[name], example=value) \
+                if isinstance(declared[name], dict) else value
     shape = validate_shape(doc)
     if shape:
         raise SpecErrors(shape)

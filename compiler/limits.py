@@ -32,8 +32,10 @@ from __future__ import annotations
 # runtime never imports the compiler).
 from pdc.runtime.limits import (  # noqa: F401  (re-exported)
     MAX_DP,
+    MAX_ITEM_BYTES,
     MAX_LAYERS,
     MAX_LOWERING_STEPS,
+    MAX_MAGNITUDE,
     MAX_PAGE_SIZE,
     MAX_PP,
     MAX_SPEC_BYTES,
@@ -43,11 +45,9 @@ from pdc.runtime.limits import (  # noqa: F401  (re-exported)
 MAX_DEPTH = 32
 MAX_NODES = 5_000
 MAX_EXPR_CHARS = 512
-MAX_MAGNITUDE = 2**64
 MAX_PARAMS = 2048
 MAX_COMPONENTS = 64
 MAX_ENTRIES = 65_536
 MAX_SHARD_UNITS = 4096
-MAX_ITEM_BYTES = 16 * 2**20
 MAX_DEPLOYMENTS = 64
 MAX_PROOF_BYTES = 2**30

@@ -46,6 +46,10 @@ class Param:
     value: int
     text: str  # as written: "2 * key_dim + value_dim" or "48"
     loc: Location
+    # Note [Bound families] in runtime/binding.py: where a bindable param comes from at start
+    # ("config.num_hidden_layers", "engine.page_size"); `value` is then its `example`.
+    source: str = ""
+    default: int | str | None = None  # the formula used when the config lacks the key
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +93,7 @@ class DtypeName:
     name: str
     dtype: str
     loc: Location
+    source: str = ""  # Note [Bound families]: "engine.kv_dtype"; `dtype` is the example
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +197,15 @@ class Spec:
     description: str = ""
     raw: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
     dtypes: tuple[DtypeName, ...] = ()
+    # `serves`: (engine, architectures) the integrations find the spec by; None when absent
+    serves: tuple[str, tuple[str, ...]] | None = None
+
+    @property
+    def bindable(self) -> bool:
+        """Whether a param, dtype or the layer kinds are taken from the served model (Note
+        [Bound families] in runtime/binding.py)."""
+        return any(p.source for p in self.params) or any(d.source for d in self.dtypes) \
+            or "from" in self.raw.get("layers", {})
 
     @property
     def env(self) -> dict[str, int]:

@@ -327,5 +327,7 @@ def build_spec(doc: Located, diags: Diagnostics) -> Spec | None:
             p.side(d["prefill"], path + ("prefill",)), p.side(d["decode"], path + ("decode",)),
             d.get("backend", "mooncake"), d.get("expect", "accepted") == "rejected",
             d.get("error", ""), doc.loc(path)))
+    serves = raw.get("serves")
     return Spec(raw["family"], params, layers, tuple(comps), constraints, backends, tuple(deps),
-                doc.path, doc.loc(()), raw.get("description", ""), raw, dtypes)
+                doc.path, doc.loc(()), raw.get("description", ""), raw, dtypes,
+                (serves["engine"], tuple(serves["architectures"])) if serves else None)

@@ -99,7 +99,8 @@ class ModelParser:
             return ()
         # Params may refer to each other in any order: resolve in dependency order (Kahn),
         # each param once, so the cost is linear in the params and their references.
-        deps = {name: _param_deps(value) & raw.keys() for name, value in raw.items()}
+        deps = {name: _param_deps(value.get("default") if isinstance(value, dict) else value)
+                & raw.keys() for name, value in raw.items()}
         users: dict[str, list[str]] = {name: [] for name in raw}
         waiting = {name: len(d) for name, d in deps.items()}
         for name, d in deps.items():
@@ -110,9 +111,19 @@ class ModelParser:
         while ready:
             name = ready.popleft()
             value = raw[name]
+            bound = value if isinstance(value, dict) else None
+            if bound is not None:  # Note [Bound families]: checked at its example value
+                value = bound["example"]
             v = self.eval(value, ("params", name), f"param '{name}'")
             if v is None:
                 self.failed.add(name)
+            elif bound is not None:
+                if "default" in bound:  # checked now, evaluated at bind time
+                    self.eval(bound["default"], ("params", name, "default"),
+                              f"default of param '{name}'")
+                self.env[name] = v
+                out.append(Param(name, v, str(value), self.doc.loc(("params", name)),
+                                 bound["from"], bound.get("default")))
             else:
                 self.env[name] = v
                 out.append(Param(name, v, str(value), self.doc.loc(("params", name))))
@@ -143,8 +154,11 @@ class ModelParser:
                 self.diags.error(loc, f"dtype name '{name}' is itself a dtype",
                                  "give the name a meaning of its own, e.g. `model`")
                 continue
+            source = ""
+            if isinstance(dtype, dict):  # Note [Bound families]: checked at its example
+                source, dtype = dtype["from"], dtype["example"]
             self.dtype_names[name] = dtype
-            out.append(DtypeName(name, dtype, loc))
+            out.append(DtypeName(name, dtype, loc, source))
         return tuple(out)
 
     def item_dtype(self, name: str, written: str, path: tuple) -> tuple[str, str]:
@@ -189,6 +203,16 @@ class ModelParser:
                                  "make the layer count a multiple of the pattern length, or list "
                                  "`kinds` explicitly")
             kind_of = {i: pattern[i % len(pattern)] for i in range(max(count, 0))}
+            for typ, kind in raw.get("names", {}).items():
+                if kind not in pattern:  # Note [Bound families]: kinds from the config
+                    self.diags.error(self.doc.loc(("layers", "names", typ)),
+                                     f"layer type '{typ}' is named kind '{kind}', which the "
+                                     "pattern does not have", f"name one of the pattern's "
+                                     f"kinds: {', '.join(dict.fromkeys(pattern))}")
+            if ("from" in raw) != ("names" in raw):
+                self.diags.error(loc, "`layers.from` and `layers.names` go together",
+                                 "`from` names the config's per-layer list, `names` maps its "
+                                 "types to the spec's kinds")
         else:
             self.declared_kinds.update(raw["kinds"])
             for kind, items in raw["kinds"].items():

@@ -68,6 +68,10 @@ def _or(options: list[str]) -> str:
 
 def _expected(schema: dict) -> list[str]:
     """What one schema (a oneOf branch) accepts, as words: "'page'", "a mapping", ..."""
+    if "$ref" in schema:  # a branch that names a definition: what the definition accepts
+        return _expected(spec_schema()["$defs"][schema["$ref"].rsplit("/", 1)[-1]])
+    if "oneOf" in schema:
+        return [w for b in schema["oneOf"] for w in _expected(b)]
     if "enum" in schema:
         return [repr(v) for v in schema["enum"]]
     if "const" in schema:
@@ -94,6 +98,13 @@ def _describe_one_of(err: ValidationError, doc: Located) -> Diagnostic:
     for e in err.context:
         branches.setdefault(e.relative_schema_path[0], []).append(e)
     fitting = [errs for errs in branches.values() if not any(_mismatch(e) for e in errs)]
+    wrong_value = [errs for errs in branches.values()
+                   if all(e.validator in ("enum", "const") and not e.relative_path
+                          for e in errs)]
+    if not fitting and len(wrong_value) == 1 and all("$ref" in b for b in err.validator_value):
+        # The right kind of value, not one of a branch's values (a dtype misspelt, where a
+        # mapping `{from: ...}` is the other branch): say which values that branch takes.
+        return _describe(wrong_value[0][0], doc)
     if not fitting:
         # No branch accepts this kind of value at all: say what would have been accepted.
         expected = [w for b in err.validator_value for w in _expected(b)]

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 
 from . import wire as _wire
+from .binding import Bound, Template
+from .binding import bind as _bind
 from .diagnostics import Location, SpecErrors
 from .layout_types import BackendRule, FamilyLayout
 from .lowering import lower
@@ -39,6 +41,11 @@ class Family:
     # it, and a decoder rejects a peer whose spec differs.
     fingerprint: int
     backends: tuple[BackendRule, ...]  # empty: every known backend, no restrictions
+    # Note [Bound families] in runtime/binding.py: the spec's formulas when it takes params
+    # from the served model (None: a concrete spec), and (engine, architectures) it serves.
+    template: Template | None = field(default=None, compare=False, repr=False)
+    serves: tuple[str, tuple[str, ...]] | None = field(default=None, compare=False)
+    bound: Bound | None = field(default=None, compare=False, repr=False)
     # What the wire decoder checks Register sections against, in spec order.
     wire_components: tuple[WireComponent, ...] = field(init=False, repr=False, compare=False)
 
@@ -75,7 +82,24 @@ class Family:
 
     @classmethod
     def from_module(cls, module: ModuleType) -> Family:
-        return cls(module.LAYOUT, module.SPEC_SHA256, module.FINGERPRINT, module.BACKENDS)
+        return cls(module.LAYOUT, module.SPEC_SHA256, module.FINGERPRINT, module.BACKENDS,
+                   getattr(module, "TEMPLATE", None), getattr(module, "SERVES", None))
+
+    # ~~~ binding ~~~
+
+    @property
+    def bindable(self) -> bool:
+        return self.template is not None
+
+    def bind(self, config: Mapping | None, engine: Mapping | None = None) -> Family:
+        """This family bound to a served model's config and the engine's settings
+        (`page_size`, `kv_dtype`); raises BindError naming the spec line, config key and
+        value of every rule they break. A concrete family binds to itself."""
+        if self.template is None:
+            return self
+        b = _bind(self.template, config, engine)
+        return Family(b.layout, self.spec_sha256, b.fingerprint, self.backends, self.template,
+                      self.serves, b)
 
     # ~~~ plans ~~~
 

@@ -175,6 +175,9 @@ class FamilyLayout:
     components: tuple[ComponentLayout, ...]  # spec order = wire order
     default_page_size: int
     spec_path: str
+    # Note [Bound families] in runtime/binding.py: the digest of the values a bindable spec
+    # was bound to at start ("" for a layout as compiled); plans and fingerprints cover it.
+    bound: str = ""
 
     def component(self, name: str) -> ComponentLayout:
         for c in self.components:

@@ -15,3 +15,6 @@ MAX_PP = 256
 MAX_DP = 1024
 MAX_PAGE_SIZE = 65_536
 MAX_LOWERING_STEPS = 1_000_000
+# A bound family (runtime/binding.py) re-checks these for the served model's values.
+MAX_MAGNITUDE = 2**64
+MAX_ITEM_BYTES = 16 * 2**20

@@ -309,4 +309,4 @@ def lower(layout: FamilyLayout, topo: Topology, backends: tuple[BackendRule, ...
         for (src, dst), entries in sorted(links.items())
     )
     return Plan(layout.family, topo, pre, dec, out,
-                tuple((c.name, c.dtype) for c in layout.components))
+                tuple((c.name, c.dtype) for c in layout.components), layout.bound)

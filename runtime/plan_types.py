@@ -137,6 +137,10 @@ class Plan:
     # (component, dtype) in spec order: item bytes alone would let a bf16 side and an fp16
     # side of equal sizes pass the handshake, and the plan digest is what the handshake checks.
     dtypes: tuple[tuple[str, str], ...] = ()
+    # The family's binding digest (Note [Bound families] in runtime/binding.py): two sides
+    # that bound one spec to different models lower different plans. "" for a compiled layout,
+    # left out of the JSON then, so that the digests of compiled families stay what they were.
+    bound: str = ""
     _index: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def links_to(self, decode: RankId) -> tuple[Link, ...]:
@@ -161,6 +165,8 @@ class Plan:
     def to_json(self) -> str:
         d = asdict(self)
         d.pop("_index")
+        if not d["bound"]:
+            d.pop("bound")
         return json.dumps(d, sort_keys=True, separators=(",", ":"))
 
     def digest(self) -> str:
@@ -192,7 +198,7 @@ class Plan:
             for lk in d["links"])
         return Plan(d["family"], topo, tuple(reg(r) for r in d["prefill"]),
                     tuple(reg(r) for r in d["decode"]), links,
-                    tuple((n, t) for n, t in d.get("dtypes", ())))
+                    tuple((n, t) for n, t in d.get("dtypes", ())), d.get("bound", ""))
 
 
 def dp_group_of_room(room: int, dp: int) -> int:

@@ -252,8 +252,14 @@ class Arena:
 
 
 def family_kernels(layout: FamilyLayout):
-    """The generated kernels module of the layout's family, or None when it has none."""
+    """The generated kernels module of the layout's family, or None when it has none. A
+    layout bound at start (Note [Bound families] in runtime/binding.py) has the geometry of
+    the served model, not the one the module's alignments were derived from: it uses the
+    generic kernels."""
     import importlib
+
+    if layout.bound:
+        return None
 
     try:
         return importlib.import_module(f"pdc.generated.{layout.py_name}.kernels")

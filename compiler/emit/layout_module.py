@@ -19,6 +19,7 @@ from pdc.runtime.layout_types import ComponentLayout
 
 from ..diagnostics import SpecErrors
 from ..model import Component
+from .binding_src import binding_source, serves_source
 from .context import FamilyContext, GeneratedModule
 from .header import spec_fingerprint, spec_sha256
 from .naming import component_constants
@@ -73,6 +74,8 @@ class LayoutModuleView:
     layout_args: tuple[Arg, ...]
     location_import: bool  # BACKENDS holds Locations (pdc.runtime.diagnostics)
     backends: str
+    serves: str  # the SERVES constant ("" without `serves`)
+    binding: str  # TEMPLATE and bind() of a bindable spec ("" otherwise)
 
 
 def _args(obj: Any, literal_of: dict[str, str] | None = None) -> tuple[Arg, ...]:
@@ -137,6 +140,8 @@ def layout_view(ctx: FamilyContext) -> LayoutModuleView:
         layout_args=_args(layout, bound),
         location_import=bool(spec.backends),
         backends=py_value(spec.backends, 0, len("BACKENDS = ")),
+        serves=serves_source(spec),
+        binding=binding_source(spec, layout),
     )
 
 

@@ -1,13 +1,14 @@
 """The family and plan of the model an SGLang server serves, and its buffers as pdc pools.
 
-Note [Served family]: pdc specs are concrete (a family names its layer count, heads, dtype
-and page size), so the served model picks a family in two steps: its architecture
-(`config.json`'s `architectures[0]`) names candidate families (ARCHITECTURES), and the first
-candidate whose registration matches SGLang's own buffers item for item (count, bytes) and
-whose KV dtype is the server's (`--kv-cache-dtype`, else `--dtype`; KVArgs carry addresses
-and byte counts only, and a bfloat16 item of 32 values has the bytes of a float32 one of 16)
-is used. An architecture with no candidate is refused with its name; a candidate that does not
-fit is refused with the first difference, so the message says which spec to write or fix.
+Note [Served family]: the served model's architecture (`config.json`'s `architectures[0]`)
+names the spec whose `serves` lists it for SGLang, found on the spec path (Note [Spec path]
+in runtime/spec_path.py: the folders of PDC_SPEC_PATH first, then pdc's package). The spec
+is bound to the model at start (Note [Bound families] in runtime/binding.py): its params
+from the model's config.json, the page size from `--page-size`, the KV dtype from
+`--kv-cache-dtype`, else `--dtype`. A config that breaks a rule of the spec is refused with
+the config key, its value and the spec line; a bound family that does not fit SGLang's own
+buffers item for item (count, bytes; KVArgs carry addresses and byte counts only) is refused
+with the first difference, so the message says which spec to write or fix.
 
 Note [SGLang aux row]: SGLang's MetadataBuffers registers one buffer per field, in the order
 of `MetadataBuffers.get_buf_infos` (disaggregation/utils.py); pdc's spec names each field as
@@ -23,17 +24,15 @@ import json
 import os
 from dataclasses import dataclass
 
+from pdc.runtime.binding import BindError
 from pdc.runtime.diagnostics import SpecErrors
-from pdc.runtime.family import Family
+from pdc.runtime.family import Family, FamilyNotFound
 from pdc.runtime.layout_types import FamilyLayout
 from pdc.runtime.plan_types import Plan, RankId
 from pdc.runtime.pools import EnginePools, RegistrationMismatch
+from pdc.runtime.spec_path import find_family, search_folders
 
-# architecture -> generated families (py names) that may describe it; see Note [Served family]
-ARCHITECTURES: dict[str, tuple[str, ...]] = {
-    "LlamaForCausalLM": ("sglang_tiny_llama", "sglang_tiny_llama_f32"),
-    "Qwen3ForCausalLM": ("sglang_tiny_qwen3",),
-}
+ENGINE = "sglang"  # the engine a spec's `serves` names for this backend
 
 # Note [SGLang aux row]: get_buf_infos order with SGLang's default settings.
 AUX_FIELDS = (
@@ -63,15 +62,25 @@ class ServedFamily:
         return self.family.layout
 
 
-def architecture(model_path: str) -> str:
+def model_config(model_path: str) -> dict:
+    """The served model's config.json as a mapping."""
     path = os.path.join(model_path, "config.json")
     try:
         with open(path) as f:
-            archs = json.load(f).get("architectures") or []
+            config = json.load(f)
     except (OSError, ValueError) as e:
         raise RefusedModel(f"pdc: cannot read the served model's config ({path}): {e}") from None
+    if not isinstance(config, dict):
+        raise RefusedModel(f"pdc: {path} is not a JSON object")
+    return config
+
+
+def architecture(model_path: str, config: dict | None = None) -> str:
+    config = model_config(model_path) if config is None else config
+    archs = config.get("architectures") or []
     if not archs:
-        raise RefusedModel(f"pdc: {path} names no architecture")
+        raise RefusedModel(f"pdc: {os.path.join(model_path, 'config.json')} names no "
+                           "architecture")
     return str(archs[0])
 
 
@@ -197,34 +206,31 @@ def served_family(model_path: str, kv_args, tp: int, tp_rank: int,
     """Note [Served family]: checked on this rank's own shard (tp, tp_rank); `server_dtype`
     is the server's `--dtype`."""
     kv_dtype = served_kv_dtype(kv_args, server_dtype)
-    arch = architecture(model_path)
-    candidates = ARCHITECTURES.get(arch)
-    if not candidates:
-        known = ", ".join(sorted(ARCHITECTURES))
-        raise RefusedModel(f"pdc has no spec for architecture {arch} (served from "
-                           f"{model_path}); pdc's SGLang backend knows: {known}. Write a spec "
-                           "(specs/<family>.yaml) and list it in "
-                           "pdc.integrations.sglang.family.ARCHITECTURES")
-    problems = []
+    config = model_config(model_path)
+    arch = architecture(model_path, config)
+    try:
+        family = find_family(ENGINE, arch, search_folders())
+    except FamilyNotFound as e:
+        raise RefusedModel(f"pdc: the served model ({model_path}): {e}") from None
     page_size = int(kv_args.page_size)
-    for py_name in candidates:
-        family = Family.load(py_name)
-        layout = family.layout
-        wire = family  # the codec of the family's control messages
-        if page_size != layout.default_page_size:
-            problems.append(f"{layout.family} pages hold {layout.default_page_size} tokens, "
-                            f"the server's --page-size is {page_size}")
-            continue
-        one = side(tp, 1, 1, page_size)
-        plan = make_plan(family, one, one, "local")
-        try:
-            engine_pools(layout, plan, "prefill", RankId(0, tp_rank), kv_args, kv_dtype)
-        except RefusedModel as e:
-            problems.append(str(e).removeprefix("pdc: "))
-            continue
-        return ServedFamily(family, wire, arch, kv_dtype)
-    raise RefusedModel(f"pdc: no spec for {arch} fits the served model ({model_path}): "
-                       + "; ".join(problems))
+    try:
+        family = family.bind(config, {"page_size": page_size, "kv_dtype": kv_dtype})
+    except BindError as e:
+        raise RefusedModel(f"pdc: the served model ({model_path}) breaks "
+                           f"{family.layout.spec_path}:\n{e}") from None
+    layout = family.layout
+    if page_size != layout.default_page_size:
+        raise RefusedModel(f"pdc: {layout.family} ({layout.spec_path}) pages hold "
+                           f"{layout.default_page_size} tokens, the server's --page-size is "
+                           f"{page_size}")
+    one = side(tp, 1, 1, page_size)
+    plan = make_plan(family, one, one, "local")
+    try:
+        engine_pools(layout, plan, "prefill", RankId(0, tp_rank), kv_args, kv_dtype)
+    except RefusedModel as e:
+        raise RefusedModel(f"pdc: {arch} ({model_path}) does not fit its spec: "
+                           + str(e).removeprefix("pdc: ")) from None
+    return ServedFamily(family, family, arch, kv_dtype)
 
 
 def side(tp: int, pp: int, dp: int, page_size: int) -> str:

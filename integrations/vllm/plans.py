@@ -5,9 +5,33 @@ from __future__ import annotations
 
 from functools import cache
 
-from pdc.runtime.family import Family
+from pdc.runtime.family import Family, FamilyNotFound
+from pdc.runtime.spec_path import find_family, search_folders
 
 
 @cache
-def make_plan(layout, prefill_tp: int, decode_tp: int, backend: str):
-    return Family.load(layout.py_name).plan_for(f"tp={prefill_tp}", f"tp={decode_tp}", backend)
+def make_plan(family: Family, prefill_tp: int, decode_tp: int, backend: str):
+    return family.plan_for(f"tp={prefill_tp}", f"tp={decode_tp}", backend)
+
+
+def served_family(settings, vllm_config) -> Family:
+    """The family of the served model, bound to it (Note [Bound families] in
+    runtime/binding.py): the one `family` names, else the one whose `serves` lists the
+    model's architecture for vLLM (Note [Spec path] in runtime/spec_path.py); params from
+    the model's HF config, the page size from vLLM's block size, the KV dtype from its cache
+    dtype (the model's dtype when "auto"). Raises SpecErrors (a BindError names the config
+    key, its value and the spec line) or FamilyNotFound (naming where pdc looked)."""
+    hf = vllm_config.model_config.hf_config
+    if settings.family:
+        family = Family.load(settings.py_name)
+    else:
+        archs = list(getattr(hf, "architectures", None) or [])
+        if not archs:
+            raise FamilyNotFound("pdc: the served model's config names no architecture; "
+                                 "name the family in kv_connector_extra_config['family']")
+        family = find_family("vllm", str(archs[0]), search_folders(settings.spec_path))
+    cache_dtype = str(vllm_config.cache_config.cache_dtype or "auto")
+    if cache_dtype == "auto":
+        cache_dtype = str(vllm_config.model_config.dtype).removeprefix("torch.")
+    return family.bind(hf.to_dict(), {"page_size": vllm_config.cache_config.block_size,
+                                      "kv_dtype": cache_dtype})

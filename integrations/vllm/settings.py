@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 ENGINES = ("mooncake", "nixl")
 ROLES = ("kv_producer", "kv_consumer")
-KEYS = ("family", "engine", "knobs", "peer_tp", "host")
+KEYS = ("family", "engine", "knobs", "peer_tp", "host", "spec_path")
 
 
 class SettingsError(ValueError):
@@ -19,12 +19,16 @@ class SettingsError(ValueError):
 
 @dataclass(frozen=True)
 class PdcSettings:
-    family: str  # spec family name, e.g. "vllm-llama" (generated module pdc.generated.vllm_llama)
+    # spec family name, e.g. "vllm-llama" (generated module pdc.generated.vllm_llama); "":
+    # the family whose `serves` names the served model's architecture, found on the spec path
+    # (Note [Spec path] in runtime/spec_path.py) and bound to the model at start
+    family: str
     engine: str  # transfer engine: mooncake | nixl
     role: str  # kv_producer (prefill) | kv_consumer (decode)
     peer_tp: int | None  # the other side's TP when known at start (else from the request)
     host: str  # address the prefill bootstrap service advertises
     knobs: dict = field(default_factory=dict)  # pdc runtime knobs (pdc.runtime.knobs)
+    spec_path: tuple[str, ...] = ()  # folders of user specs, searched before PDC_SPEC_PATH
 
     @property
     def py_name(self) -> str:
@@ -49,10 +53,17 @@ def parse_settings(role: str, extra: dict | None) -> PdcSettings:
     if unknown:
         raise SettingsError(f"{_where(unknown[0])}: unknown setting\n  hint: PdcConnector "
                             f"reads {', '.join(KEYS)}")
-    family = extra.get("family")
-    if not isinstance(family, str) or not family:
-        raise SettingsError(f"{_where('family')}: missing; name the spec family whose "
-                            f"layout matches the model, e.g. \"vllm-llama\"")
+    family = extra.get("family", "")
+    if not isinstance(family, str):
+        raise SettingsError(f"{_where('family')}: {family!r} is not a family name\n  hint: "
+                            f"name the spec family, e.g. \"vllm-llama\", or leave it out to "
+                            f"take the spec that serves the model's architecture")
+    spec_path = extra.get("spec_path", [])
+    if isinstance(spec_path, str):
+        spec_path = [spec_path]
+    if not isinstance(spec_path, list) or not all(isinstance(p, str) and p for p in spec_path):
+        raise SettingsError(f"{_where('spec_path')}: expected a folder or a list of folders "
+                            f"of specs, got {spec_path!r}")
     engine = extra.get("engine", "mooncake")
     if engine not in ENGINES:
         raise SettingsError(f"{_where('engine')}: {engine!r} is not a transfer engine pdc "
@@ -68,7 +79,7 @@ def parse_settings(role: str, extra: dict | None) -> PdcSettings:
     host = extra.get("host", "127.0.0.1")
     if not isinstance(host, str) or not host:
         raise SettingsError(f"{_where('host')}: expected a host name or address")
-    return PdcSettings(family, engine, role, peer_tp, host, knobs)
+    return PdcSettings(family, engine, role, peer_tp, host, knobs, tuple(spec_path))
 
 
 def check_parallel(vllm_config) -> None:

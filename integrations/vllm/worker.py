@@ -33,7 +33,6 @@ are not unique, and vLLM refuses `invalid_block_ids`.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import threading
 import time
@@ -43,7 +42,6 @@ import torch
 from pdc.runtime import knobs
 from pdc.runtime.endpoints import DecodeEndpoint, KVPoll, PageState, PrefillEndpoint
 from pdc.runtime.engines import make_engine
-from pdc.runtime.family import Family
 from pdc.runtime.plan_types import RankId
 from pdc.runtime.pools import EnginePools, RegistrationMismatch
 from vllm.model_executor.models.utils import extract_layer_index
@@ -51,7 +49,7 @@ from vllm.model_executor.models.utils import extract_layer_index
 from .events import ForwardEvents
 from .groups import CacheGroups
 from .metadata import PdcConnectorMetadata, RecvReq
-from .plans import make_plan
+from .plans import make_plan, served_family
 from .settings import PdcSettings
 from .stats import PdcConnectorStats
 
@@ -91,8 +89,9 @@ class PdcWorker:
         if settings.knobs:
             knobs.override(**settings.knobs)
         self.settings = settings
-        self.layout = importlib.import_module(f"pdc.generated.{settings.py_name}.layout").LAYOUT
-        self.wire = Family.load(settings.py_name)  # the codec of its control messages
+        self.family = served_family(settings, vllm_config)
+        self.layout = self.family.layout
+        self.wire = self.family  # the codec of its control messages
         self.block_size = vllm_config.cache_config.block_size
         par = vllm_config.parallel_config
         self.tp = par.tensor_parallel_size
@@ -167,7 +166,7 @@ class PdcWorker:
         self.engine.transport()
         peer = self.settings.peer_tp or self.tp
         prefill_tp, decode_tp = (self.tp, peer) if self.settings.is_prefill else (peer, self.tp)
-        self.pools = self._pools(make_plan(self.layout, prefill_tp, decode_tp,
+        self.pools = self._pools(make_plan(self.family, prefill_tp, decode_tp,
                                            self.settings.engine))
 
     def _pools(self, plan) -> EnginePools:
@@ -193,7 +192,7 @@ class PdcWorker:
     def start_load_kv(self, meta: PdcConnectorMetadata) -> None:
         if self.settings.is_prefill:
             if self.prefill_ep is None and meta.bootstrap:
-                plan = make_plan(self.layout, self.tp, self.settings.peer_tp or self.tp,
+                plan = make_plan(self.family, self.tp, self.settings.peer_tp or self.tp,
                                  self.settings.engine)
                 self.prefill_ep = PrefillEndpoint(self.layout, self.wire, plan, self.rank, 0,
                                                   self.engine, self.pools, meta.bootstrap)
@@ -243,7 +242,7 @@ class PdcWorker:
                                  f"{self.decode_bootstrap}; one pdc decode engine serves one "
                                  f"prefill engine (got {r.bootstrap})")
             return self.decode_ep
-        plan = make_plan(self.layout, r.prefill_tp, self.tp, self.settings.engine)
+        plan = make_plan(self.family, r.prefill_tp, self.tp, self.settings.engine)
         pools = self._pools(plan) if r.prefill_tp != (self.settings.peer_tp or self.tp) else \
             self.pools
         ep = DecodeEndpoint(self.layout, self.wire, plan, self.rank, 0, self.engine, pools,

@@ -80,8 +80,8 @@ def cmd_vllm_demo(args: argparse.Namespace) -> int:
     arg("--compare", action="store_true",
         help="also run the prompts through SGLang's own mooncake backend and print both"),
     arg("--family", default="llama", choices=["llama", "qwen3"],
-        help="the tiny random-weight model to serve: llama (specs/sglang-tiny-llama.yaml, "
-             "default) or qwen3 (dense Qwen3, specs/sglang-tiny-qwen3.yaml)"),
+        help="the tiny random-weight model to serve: llama (default) or qwen3 (dense "
+             "Qwen3); specs/sglang-llama.yaml serves both, bound to the model at start"),
     arg("--in-flight", type=int, default=4, metavar="N",
         help="prompts in flight at once (default: 4)"),
     arg("--tokens", type=int, default=16, metavar="N",

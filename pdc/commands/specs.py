@@ -1,4 +1,4 @@
-"""The compiler's subcommands: `pdc validate`, `compile`, `check` and `plan`."""
+"""The compiler's subcommands: `pdc validate`, `compile`, `check`, `bind` and `plan`."""
 
 from __future__ import annotations
 
@@ -171,6 +171,41 @@ def cmd_check(args: argparse.Namespace) -> int:
          *(f"  orphan: {label}/{p} (produced by no spec)" for p in orphans),
          f"regenerate with: {regenerate}")
     return 1
+
+
+@command(
+    "bind",
+    arg("spec", metavar="SPEC", help="family spec"),
+    arg("--config", required=True, metavar="FILE", type=Path,
+        help="the model's config.json (Hugging Face)"),
+    arg("--engine-page-size", type=int, default=None, metavar="N",
+        help="the engine's KV page size in tokens (engine.page_size)"),
+    arg("--engine-kv-dtype", default=None, metavar="DTYPE",
+        help="the engine's KV cache dtype (engine.kv_dtype), e.g. bfloat16"),
+    arg("--tp", type=int, default=1, metavar="N",
+        help="attention TP size for the bytes per rank (default: 1)"),
+)
+def cmd_bind(args: argparse.Namespace) -> int:
+    """Bind a spec to a model's config and print the bound family.
+
+    The spec's params that say `{from: config.KEY}` take the config's values, those that
+    say `{from: engine.page_size}` and dtypes `{from: engine.kv_dtype}` the --engine-*
+    values (Note [Bound families] in runtime/binding.py): exactly what a serving process
+    binds at start. Prints every param with where it came from, the layer kinds, every
+    component's item and the bytes per token and per request on one rank of --tp.
+    Params the spec writes by hand, its `model` dtype and its layer kinds are checked
+    against the config too (Note [Config cross-check] in pdc/bind.py).
+
+    Exit status: 0 when the spec binds, 1 with located errors (spec line, config key and
+    value) when it does not, 2 on a usage error.
+    """
+    from pdc.bind import run_bind
+
+    if args.tp < 1:
+        return usage_error("bind", f"--tp {args.tp} is not a TP size", "give --tp >= 1", False)
+    engine = {k: v for k, v in (("page_size", args.engine_page_size),
+                                ("kv_dtype", args.engine_kv_dtype)) if v is not None}
+    return run_bind(args.spec, args.config, engine, args.tp, sys.stdout)
 
 
 @command(

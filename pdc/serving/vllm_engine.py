@@ -80,7 +80,10 @@ def _layout(family: str):
 def is_hybrid(family: str) -> bool:
     """A family with per-request state (GDN, Mamba) besides its pages: vLLM runs it with its
     hybrid KV cache manager and without prefix caching (one state block per request,
-    integrations/vllm/groups.py)."""
+    integrations/vllm/groups.py). No family (""): the connector binds the spec that serves
+    the model's architecture, a Llama-shaped one here."""
+    if not family:
+        return False
     return any(c.index == "slot" for c in _layout(family).LAYOUT.components)
 
 

@@ -91,13 +91,16 @@ def test_generated_holds_exactly_the_rendered_files():
 
 
 def test_layout_modules_import_only_the_runtime_layout_types():
-    """...and pdc.runtime.diagnostics for the spec locations of a backend matrix."""
+    """...and pdc.runtime.diagnostics for the spec locations of a backend matrix, and
+    pdc.runtime.binding when the spec is bound to the served model (Note [Bound families])."""
     for f in sorted((REPO / "generated").glob("*/layout.py")):
         tree = ast.parse(f.read_text())
         imports = [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)]
         modules = [(type(n).__name__, getattr(n, "module", None)) for n in imports]
         has_matrix = "Location(" in f.read_text()
+        bindable = "TEMPLATE = _binding.Template(" in f.read_text()
         assert modules == [("ImportFrom", "pdc.runtime.diagnostics")] * has_matrix + [
+            ("ImportFrom", "pdc.runtime")] * bindable + [
             ("ImportFrom", "pdc.runtime.layout_types")], f
 
 

@@ -12,7 +12,7 @@ import json
 from jsonschema import Draft202012Validator
 from pdc.compiler.schema import SCHEMA_PATH
 
-MAPS_KEYED_BY_USER_NAMES = {"params", "components", "backends", "kinds", "dtypes"}
+MAPS_KEYED_BY_USER_NAMES = {"params", "components", "backends", "kinds", "dtypes", "names"}
 
 
 def _schema() -> dict:

@@ -38,83 +38,108 @@ def _kv_args(page_size=16, heads=2, head_dim=16, layers=2, aux_fields=F.AUX_FIEL
         kv_head_num=heads, total_kv_head_num=heads, keep=keep)
 
 
+TINY = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+        "num_key_value_heads": 2}
+
+
 @pytest.fixture
 def model_dir(tmp_path):
-    def write(arch):
-        (tmp_path / "config.json").write_text(json.dumps({"architectures": [arch]}))
+    def write(arch, **config):
+        (tmp_path / "config.json").write_text(json.dumps({"architectures": [arch],
+                                                          **TINY, **config}))
         return str(tmp_path)
     return write
 
 
 def test_the_tiny_llama_is_served_by_its_spec(model_dir):
     fam = F.served_family(model_dir("LlamaForCausalLM"), _kv_args(), 1, 0)
-    assert (fam.layout.family, fam.architecture) == ("sglang-tiny-llama", "LlamaForCausalLM")
+    assert (fam.layout.family, fam.architecture) == ("sglang-llama", "LlamaForCausalLM")
+    assert fam.layout.component("kv").shape == (16, 2, 16)  # head_dim = hidden / heads
 
 
-def test_the_tiny_qwen3_is_served_by_its_spec(model_dir):
+def test_the_tiny_qwen3_is_served_by_the_same_spec(model_dir):
     # Qwen3's head_dim comes from its config (32), not hidden / heads: twice Llama's bytes
-    fam = F.served_family(model_dir("Qwen3ForCausalLM"), _kv_args(head_dim=32), 1, 0)
-    assert (fam.layout.family, fam.architecture) == ("sglang-tiny-qwen3", "Qwen3ForCausalLM")
+    fam = F.served_family(model_dir("Qwen3ForCausalLM", head_dim=32), _kv_args(head_dim=32),
+                          1, 0)
+    assert (fam.layout.family, fam.architecture) == ("sglang-llama", "Qwen3ForCausalLM")
     assert fam.layout.component("kv").item_bytes == 2048
 
 
 def test_a_qwen3_shard_of_tp2_is_served_on_either_rank(model_dir):
-    path = model_dir("Qwen3ForCausalLM")
+    path = model_dir("Qwen3ForCausalLM", head_dim=32)
     for rank in (0, 1):  # one KV head of two per rank
         fam = F.served_family(path, _kv_args(heads=1, head_dim=32), 2, rank)
-        assert fam.layout.family == "sglang-tiny-qwen3"
+        assert fam.layout.component("kv").item_bytes_at(2) == 1024
+
+
+def test_llamas_of_other_sizes_and_pages_bind_the_one_spec(model_dir):
+    # Note [Bound families]: layers, KV heads, head size and page size from the model and
+    # the server; the two bindings are two families that refuse each other on the wire
+    small = F.served_family(model_dir("LlamaForCausalLM"), _kv_args(), 1, 0)
+    path = model_dir("LlamaForCausalLM", num_hidden_layers=3, hidden_size=128,
+                     num_attention_heads=8, num_key_value_heads=4)
+    big = F.served_family(path, _kv_args(page_size=32, heads=4, layers=3), 1, 0)
+    assert (big.layout.num_layers, big.layout.default_page_size) == (3, 32)
+    assert big.layout.component("kv").shape == (32, 4, 16)
+    assert big.family.fingerprint != small.family.fingerprint
+    one = F.side(1, 1, 1, 32)
+    assert F.make_plan(big.family, one, one, "mooncake").bound == big.family.bound.digest
+
+
+def test_a_config_that_breaks_a_constraint_is_refused_naming_key_value_and_line(model_dir):
+    path = model_dir("LlamaForCausalLM", num_attention_heads=6, num_key_value_heads=4)
+    with pytest.raises(F.RefusedModel) as e:
+        F.served_family(path, _kv_args(heads=4), 1, 0)
+    assert str(e.value).splitlines()[:2] == [
+        f"pdc: the served model ({path}) breaks specs/sglang-llama.yaml:",
+        "specs/sglang-llama.yaml:104:5: error: constraint 'heads % kv_heads == 0' does not "
+        "hold (with config.num_attention_heads = 6, config.num_key_value_heads = 4): every "
+        "KV head serves a whole group of query heads (GQA)"]
 
 
 def test_a_qwen3_with_llama_sized_heads_is_refused_with_the_difference(model_dir):
-    path = model_dir("Qwen3ForCausalLM")
+    path = model_dir("Qwen3ForCausalLM", head_dim=32)
     with pytest.raises(F.RefusedModel) as e:
         F.served_family(path, _kv_args(head_dim=16), 1, 0)
     assert str(e.value).splitlines()[0] == (
-        f"pdc: no spec for Qwen3ForCausalLM fits the served model ({path}): sglang-tiny-qwen3 "
-        "does not fit the served model's buffers: specs/sglang-tiny-qwen3.yaml:25:3: error: "
-        "SGLang's K buffer of layer 0 holds items of [512] bfloat16 = 1024 B; the spec's "
-        "component 'kv' expects items of [16, 2, 32] bfloat16 = 2048 B on a rank of TP 1")
+        f"pdc: Qwen3ForCausalLM ({path}) does not fit its spec: sglang-llama does not fit "
+        "the served model's buffers: specs/sglang-llama.yaml:38:3: error: SGLang's K buffer "
+        "of layer 0 holds items of [512] bfloat16 = 1024 B; the spec's component 'kv' "
+        "expects items of [16, 2, 32] bfloat16 = 2048 B on a rank of TP 1")
 
 
-def test_an_unknown_architecture_is_refused_by_name(model_dir):
+def test_an_unknown_architecture_is_refused_naming_where_pdc_looked(model_dir, monkeypatch):
+    monkeypatch.delenv("PDC_SPEC_PATH", raising=False)
     path = model_dir("MambaForCausalLM")
     with pytest.raises(F.RefusedModel) as e:
         F.served_family(path, _kv_args(), 1, 0)
-    assert str(e.value) == (
-        f"pdc has no spec for architecture MambaForCausalLM (served from {path}); pdc's "
-        "SGLang backend knows: LlamaForCausalLM, Qwen3ForCausalLM. Write a spec (specs/<family>.yaml) and list "
-        "it in pdc.integrations.sglang.family.ARCHITECTURES")
+    assert str(e.value).splitlines() == [
+        f"pdc: the served model ({path}): pdc has no spec for architecture MambaForCausalLM "
+        "served by sglang; looked in: PDC_SPEC_PATH is not set; pdc's package (sglang specs "
+        "for LlamaForCausalLM, Qwen3ForCausalLM)",
+        "  hint: write a spec with `serves: {engine: sglang, architectures: "
+        "[MambaForCausalLM]}` (docs/adding-a-family.md) into a folder and name it in "
+        "PDC_SPEC_PATH"]
 
 
-def test_a_float32_llama_is_served_by_the_float32_spec(model_dir):
+def test_a_float32_llama_binds_the_float32_kv(model_dir):
     path = model_dir("LlamaForCausalLM")
     fam = F.served_family(path, _kv_args(elem_bytes=4), 1, 0, "float32")
-    assert (fam.layout.family, fam.kv_dtype) == ("sglang-tiny-llama-f32", "float32")
-    assert F.served_family(path, _kv_args(), 1, 0, "bfloat16").layout.family == \
-        "sglang-tiny-llama"
+    assert (fam.layout.family, fam.kv_dtype) == ("sglang-llama", "float32")
+    assert fam.layout.component("kv").dtype == "float32"
+    assert F.served_family(path, _kv_args(), 1, 0, "bfloat16").layout.component(
+        "kv").dtype == "bfloat16"
 
 
-def test_a_llama_of_another_shape_is_refused_with_the_difference(model_dir):
-    # head_dim 32 in bfloat16 has the bytes of the float32 spec's items: the server's dtype
-    # tells them apart (Note [Served family])
+def test_a_llama_whose_buffers_are_not_its_config_is_refused_with_the_difference(model_dir):
     path = model_dir("LlamaForCausalLM")
     with pytest.raises(F.RefusedModel) as e:
         F.served_family(path, _kv_args(head_dim=32), 1, 0, "bfloat16")
     assert str(e.value).splitlines()[0] == (
-        f"pdc: no spec for LlamaForCausalLM fits the served model ({path}): sglang-tiny-llama "
-        "does not fit the served model's buffers: specs/sglang-tiny-llama.yaml:24:3: error: "
-        "SGLang's K buffer of layer 0 holds items of [1024] bfloat16 = 2048 B; the spec's "
-        "component 'kv' expects items of [16, 2, 16] bfloat16 = 1024 B on a rank of TP 1")
-    assert str(e.value).endswith(
-        "; sglang-tiny-llama-f32 (specs/sglang-tiny-llama-f32.yaml:22:3) holds kv in float32, "
-        "the server's KV cache is bfloat16")
-
-
-def test_another_page_size_is_refused(model_dir):
-    path = model_dir("LlamaForCausalLM")
-    with pytest.raises(F.RefusedModel, match="sglang-tiny-llama pages hold 16 tokens, the "
-                                             "server's --page-size is 32"):
-        F.served_family(path, _kv_args(page_size=32), 1, 0)
+        f"pdc: LlamaForCausalLM ({path}) does not fit its spec: sglang-llama does not fit "
+        "the served model's buffers: specs/sglang-llama.yaml:38:3: error: SGLang's K buffer "
+        "of layer 0 holds items of [1024] bfloat16 = 2048 B; the spec's component 'kv' "
+        "expects items of [16, 2, 16] bfloat16 = 1024 B on a rank of TP 1")
 
 
 def test_extra_aux_buffers_are_refused_naming_the_settings(model_dir):
@@ -146,7 +171,7 @@ def test_the_backend_plans_without_the_compiler():
     import sys
 
     code = ("import sys; import pdc.integrations.sglang.family as F; "
-            "F.make_plan(F.Family.load('sglang_tiny_llama'), F.side(1, 1, 1, 16), "
+            "F.make_plan(F.Family.load('sglang_llama'), F.side(1, 1, 1, 16), "
             "F.side(1, 1, 1, 16), 'nixl'); "
             "bad = [m for m in sys.modules if m.startswith('pdc.compiler') or m in "
             "('yaml', 'jsonschema', 'jinja2')]; print(bad)")
