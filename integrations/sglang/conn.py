@@ -183,9 +183,13 @@ class PdcKVManager(BaseKVManager):
             self.generations: dict[int, int] = {}
             self.receivers: dict[int, PdcKVReceiver] = {}
             self.pools_by_plan: dict[str, object] = {}
-        logger.info("pdc SGLang backend: %s %s rank %s, family %s (%s), engine %s",
-                    self.mode.value, self.family.architecture, self.rank,
-                    self.family.layout.family, self.family.layout.spec_path, self.engine_name)
+        kv = next((c for c in self.family.layout.components if c.index == "page"), None)
+        logger.info("pdc SGLang backend: %s %s rank %s, family %s (%s) bound to %d layers, "
+                    "pages of %d tokens, KV %s, engine %s", self.mode.value,
+                    self.family.architecture, self.rank, self.family.layout.family,
+                    self.family.layout.spec_path, self.family.layout.num_layers,
+                    self.family.layout.default_page_size, kv.dtype if kv else "-",
+                    self.engine_name)
 
     # ~~~ prefill ~~~
 

@@ -28,11 +28,11 @@ from pathlib import Path
 # The tiny random-weight models that pdc's SGLang specs describe, by family name:
 # (transformers config class, model class, config); `pdc sglang-demo --family` picks one.
 TINY_MODELS = {
-    # specs/sglang-tiny-llama.yaml
+    # served by specs/sglang-llama.yaml, bound to this config at start
     "llama": ("LlamaConfig", "LlamaForCausalLM", dict(
         vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)),
-    # specs/sglang-tiny-qwen3.yaml: dense Qwen3, head_dim set apart from hidden / heads
+    # dense Qwen3, head_dim set apart from hidden / heads; specs/sglang-llama.yaml too
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(
         vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=32,

@@ -1,6 +1,6 @@
 """A family beyond Llama inside real SGLang 0.5.23 servers: a tiny dense Qwen3
 (`Qwen3ForCausalLM`, head_dim from its config, q/k norms) served by pdc's backend through
-specs/sglang-tiny-qwen3.yaml, against a plain SGLang server. The pair's decode runs its radix
+specs/sglang-llama.yaml (bound to Qwen3's config), against a plain SGLang server. The pair's decode runs its radix
 cache (`--disaggregation-decode-enable-radix-cache`): a repeated prompt is served from the
 pages decode holds, and prefill sends only the rest (Note [SGLang decode prefix]).
 
@@ -76,8 +76,8 @@ def test_both_servers_serve_qwen3_through_its_own_spec(pair, reference):
     for server in (pair.prefill, pair.decode):
         with open(server.log, errors="replace") as f:
             log = f.read()
-        assert "Qwen3ForCausalLM rank pp0.tp0, family sglang-tiny-qwen3 " \
-               "(specs/sglang-tiny-qwen3.yaml)" in log, server.tail()
+        assert "Qwen3ForCausalLM rank pp0.tp0, family sglang-llama " \
+               "(specs/sglang-llama.yaml) bound to 2 layers" in log, server.tail()
 
 
 PAGE_BYTES = 2 * 2 * 16 * 2 * 32 * 2  # K and V of 2 layers, 16 tokens x 2 heads x 32, bf16

@@ -3,7 +3,7 @@ processes, gloo, one core each) and a decode server of TP 1, pdc's backend betwe
 (Note [SGLang plan]: prefill learns decode's TP from PDC_SGLANG_DECODE, decode reads
 prefill's two ranks off the bootstrap table), against a plain TP-1 server.
 
-Float32 (specs/sglang-tiny-llama-f32.yaml): in bfloat16 a plain TP-2 server and a plain TP-1
+Float32 (specs/sglang-llama.yaml bound to --dtype float32): in bfloat16 a plain TP-2 server and a plain TP-1
 server themselves disagree on greedy tokens (the all-reduce rounds partial sums), so no TP 2
 -> TP 1 pair could match either; in float32 they agree, so every token must match here. Each
 decode KV head comes from a different prefill rank: a head placed wrongly changes tokens.
@@ -85,7 +85,8 @@ def test_prefill_tp2_to_decode_tp1_is_token_identical_to_a_plain_server(pair, re
 
 
 def test_both_prefill_ranks_and_decode_serve_the_float32_spec(pair, reference):
-    served = "family sglang-tiny-llama-f32 (specs/sglang-tiny-llama-f32.yaml)"
+    served = ("family sglang-llama (specs/sglang-llama.yaml) bound to 2 layers, pages of 16 "
+              "tokens, KV float32")
     with open(pair.prefill.log, errors="replace") as f:
         prefill = f.read()
     with open(pair.decode.log, errors="replace") as f:
