@@ -14,7 +14,6 @@ block is checked.
 
 from __future__ import annotations
 
-import importlib
 import time
 
 import pytest
@@ -50,8 +49,9 @@ class Side:
     """One side's vLLM-shaped caches, in place in EnginePools, and its endpoint."""
 
     def __init__(self, side: str, device: str, blocks: int, boot: str, fill: int):
-        self.layout = importlib.import_module("pdc.generated.vllm_llama.layout").LAYOUT
-        plan = make_plan(self.layout, 1, 1, "local")
+        family = Family.load("vllm_llama")
+        self.layout = family.layout
+        plan = make_plan(family, 1, 1, "local")
         self.caches = {
             layer: torch.full((blocks, 2, 32, 128), fill, dtype=torch.bfloat16, device=device)
             for layer in (0, 1)}
@@ -59,8 +59,7 @@ class Side:
         self.engine = make_engine("local", device=device)
         pools = EnginePools(self.layout, plan.registration(side, R0), 1, tensors)
         cls = PrefillEndpoint if side == "prefill" else DecodeEndpoint
-        self.ep = cls(self.layout, Family.load("vllm_llama"), plan, R0, 0, self.engine, pools,
-                      boot)
+        self.ep = cls(self.layout, family, plan, R0, 0, self.engine, pools, boot)
 
 
 def _wait(pred, what: str, timeout_s: float = 60.0) -> None:
