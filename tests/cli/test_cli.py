@@ -68,7 +68,7 @@ def test_unknown_top_level_key_is_reported_at_its_line(capsys, bogus_spec):
         "  bogus_key: 1\n"
         "  ^\n"
         "  hint: allowed keys: backends, components, constraints, deployments, description, dtypes, "
-        "family, layers, params, version\n"
+        "family, layers, params, serves, version\n"
         "pdc validate: 1 error in 1 of 1 spec\n"
     )
 
