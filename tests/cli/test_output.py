@@ -97,7 +97,7 @@ def test_demo_json_names_the_rejected_topology(capsys):
      "see `pdc plan --help`"),
     (["validate", "--bogus"], "unrecognized arguments: --bogus", "see `pdc validate --help`"),
     (["frobnicate"], "argument COMMAND: invalid choice: 'frobnicate' (choose from 'validate', "
-     "'compile', 'check', 'bind', 'plan', 'vllm-demo', 'demo', 'sglang-demo', 'parity')",
+     "'compile', 'check', 'plan', 'vllm-demo', 'demo', 'sglang-demo', 'parity', 'bind')",
      "see `pdc --help`"),
 ])
 def test_usage_errors_are_exit_2_and_a_json_error_object(capsys, argv, message, hint):

@@ -18,17 +18,18 @@ import tempfile
 
 import pytest
 
-from pdc import sglang_harness as H
+from pdc.serving import sglang_harness as H
 
 PYTHON = H.sglang_python()
 pytestmark = [
     pytest.mark.sglang,
+    pytest.mark.timeout(1800),  # the first test of each model starts two servers and a router
     pytest.mark.skipif(PYTHON is None, reason="no SGLang environment: run "
                        "scripts/install-sglang.sh (CI does)"),
 ]
 
 NEW_TOKENS = 8
-PROMPTS = H.mixed_prompts(6, seed=3)
+PROMPTS = H.mixed_prompts(4, seed=3)
 
 # name -> (config class, model class, config, page size)
 MODELS = {
