@@ -277,6 +277,22 @@ def test_extend_attention_reads_the_prefix_from_the_pool_and_the_chunk_from_its_
                                    atol=1e-5, rtol=1e-5)
 
 
+def test_extend_attention_in_mlas_mha_form_ignores_the_latent_pool():
+    # a fresh prefill of MLA runs per-head K/V of qk_nope + rope dims (4 heads x 32) while the
+    # pool holds one latent + rope row (1 x 48) per token: only k/v_extend may be read
+    k_buffer, v_buffer = _randn(30, 1, 48, seed=96), _randn(30, 1, 32, seed=97)
+    table, req_idx = _paged([9, 4], seed=98)
+    q, k, v = _randn(13, 4, 32, seed=99), _randn(13, 4, 32, seed=100), _randn(13, 4, 24, seed=101)
+    out = torch.zeros(13, 4, 24)
+    ops.extend_attention_cpu(q, k, v, out, k_buffer, v_buffer, 1.0, 1.0, table, req_idx,
+                             torch.tensor([9, 4]), torch.tensor([9, 4]), torch.tensor([0, 9]), 9,
+                             0.25, 0.0, False, 0, None, None, None, True)
+    for s, n in ((0, 9), (9, 4)):
+        torch.testing.assert_close(out[s:s + n], _naive_attention(q[s:s + n], k[s:s + n],
+                                                                  v[s:s + n], 0.25, 0),
+                                   atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("heads,kv_heads,qk_dim,v_dim", ATTN_SHAPES)
 def test_decode_attention_stores_the_new_token_and_attends_over_the_pool(heads, kv_heads,
                                                                          qk_dim, v_dim):
@@ -342,3 +358,13 @@ def test_shim_fault_makes_decode_attention_ignore_the_prefix(monkeypatch):
     bad = run()
     torch.testing.assert_close(bad, v_buffer[9:10].expand(1, 2, 8))
     assert not torch.allclose(bad, good, atol=1e-3)
+
+
+def test_shim_fault_named_in_a_file_is_read_at_each_call(monkeypatch, tmp_path):
+    flag = tmp_path / "fault"
+    monkeypatch.setenv(sgl_kernel.FAULT_ENV, f"@{flag}")
+    assert sgl_kernel._fault_now() == ""
+    flag.write_text("decode_attention_cpu\n")
+    assert sgl_kernel._fault_now() == "decode_attention_cpu"
+    flag.write_text("")
+    assert sgl_kernel._fault_now() == ""

@@ -24,6 +24,6 @@ setup(
     version="0.0.1",
     description="pdc test support: let SGLang 0.5.23 run on a CPU-only machine",
     packages=["sgl_kernel"],
-    py_modules=["pdc_torchvision_cpu_shim"],
+    py_modules=["pdc_torchvision_cpu_shim", "pdc_sglang_cpu_paths"],
     cmdclass={"build_py": BuildPyWithPth},
 )

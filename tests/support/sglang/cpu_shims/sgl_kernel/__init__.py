@@ -5,7 +5,7 @@ The registry has sgl-kernel only as CUDA wheels (no sdist, no CPU build), but SG
 `srt/mem_cache/allocation.py`). The two that a dense model's path calls are implemented here in
 torch, and so are the ops of the seed families' paths:
 - hybrid Gated DeltaNet (Qwen3-Next): gdn.py, `sgl_kernel.mamba` and the
-  `torch.ops.sgl_kernel.*` GDN / gated-norm ops, plus the rebinds of sglang_cpu_paths.py;
+  `torch.ops.sgl_kernel.*` GDN / gated-norm ops, plus the rebinds of pdc_sglang_cpu_paths.py (beside this package);
 - MLA (DeepSeek-V2/V3) through `--attention-backend intel_amx`: attention.py's
   `extend_attention_cpu` / `decode_attention_cpu`.
 Every other `*_cpu` name resolves to a function that raises when called (speculative
@@ -22,7 +22,7 @@ import os
 
 import torch
 
-from . import attention, gdn, sglang_cpu_paths
+from . import attention, gdn
 
 __version__ = "0.0.0+pdc.cpu.shim"
 
@@ -71,8 +71,20 @@ def __getattr__(name):
 # Note [Shim fault]: PDC_SGL_SHIM_FAULT=<op> makes that op drop the state it was given (the
 # GDN decode step: its slot's recurrent state; MLA/MHA decode: the cached prefix, each token
 # attending to itself only). A negative control that a served model's tokens depend on that
-# state; read at call time, for tests only.
+# state; for tests only. PDC_SGL_SHIM_FAULT=@<path> reads the op's name from that file at each
+# call (missing or empty: no fault), so that a test can break and mend a running server.
 FAULT_ENV = "PDC_SGL_SHIM_FAULT"
+
+
+def _fault_now() -> str:
+    value = os.environ.get(FAULT_ENV, "")
+    if not value.startswith("@"):
+        return value
+    try:
+        with open(value[1:]) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 def _gdn_decode_from_zero_state(fn, *args, **kwargs):
@@ -98,7 +110,7 @@ _FAULTS = {
 
 def _with_fault(name, fn):
     def op(*args, **kwargs):
-        if os.environ.get(FAULT_ENV) == name:
+        if _fault_now() == name:
             return _FAULTS[name](fn, *args, **kwargs)
         return fn(*args, **kwargs)
 
@@ -112,5 +124,3 @@ for _module in (gdn, attention):
         _lib.define(_name + _schema)
         _lib.impl(_name, _with_fault(_name, _fn) if _name in _FAULTS else _fn,
                   "CompositeExplicitAutograd")
-
-sglang_cpu_paths.install()

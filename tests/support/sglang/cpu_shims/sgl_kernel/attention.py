@@ -56,11 +56,11 @@ def extend_attention_cpu(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buf
     for i in range(seq_lens.shape[0]):
         total, new, start = int(seq_lens[i]), int(extend_seq_lens[i]), int(extend_start_loc[i])
         prefix = total - new
-        rows = req_to_token[int(req_pool_indices[i]), :prefix].long()
-        k = torch.cat([k_buffer[rows].to(F32) * key_scale,
-                       k_extend[start:start + new].to(F32)])
-        v = torch.cat([v_buffer[rows].to(F32) * value_scale,
-                       v_extend[start:start + new].to(F32)])
+        k, v = k_extend[start:start + new].to(F32), v_extend[start:start + new].to(F32)
+        if prefix:  # (MLA's MHA form runs only without one: its pool rows are latents)
+            rows = req_to_token[int(req_pool_indices[i]), :prefix].long()
+            k = torch.cat([k_buffer[rows].to(F32) * key_scale, k])
+            v = torch.cat([v_buffer[rows].to(F32) * value_scale, v])
         o = attend(q_extend[start:start + new], k, v, sm_scale, logit_cap,
                    prefix if is_causal else None)
         o_extend[start:start + new] = o.to(o_extend.dtype)

@@ -9,9 +9,17 @@ AMX, and Triton has no CPU driver ("0 active drivers"):
 - `models/qwen2_moe.py` imports the Triton-only `fused_gate_sigmoid_mul(_add)`
   (`kernels/ops/elementwise/elementwise.py`) by name for the shared-expert gate; the names
   are rebound to torch versions (gdn.gate_sigmoid_mul*).
+And one for MLA: `--attention-backend intel_amx` falls back to torch_native on a CPU without
+AMX (`arg_groups/overrides.py:1301` `_attention_backend_platform_fallbacks`, run by name from
+`arg_groups/attention_hook.py:272`), because the real
+kernels need AMX; this shim implements that backend's two ops in torch (attention.py), so the
+fallback is lifted for intel_amx (the pass still runs for every other backend).
 
 A meta-path finder wraps the loader of exactly these modules and sets the attributes right
 after the module body ran; no SGLang file is changed, and every other import is untouched.
+It is installed at interpreter start by `pdc_sglang_cpu_shims.pth` (server arguments are
+resolved before anything imports sgl_kernel) and imports nothing heavy until a module it
+rebinds is imported.
 """
 
 from __future__ import annotations
@@ -19,21 +27,53 @@ from __future__ import annotations
 import importlib.abc
 import sys
 
-from . import gdn
+
+def _gdn(name):
+    def call(*args):
+        from sgl_kernel import gdn
+
+        return getattr(gdn, name)(*args)
+
+    call.__name__ = name
+    return call
+
 
 REBINDS = {
     "sglang.kernels.ops.attention.fla.fused_norm_gate": {"_use_cpu": True},
     "sglang.kernels.ops.attention.fla.layernorm_gated": {"_use_cpu": True},
     "sglang.srt.models.qwen2_moe": {
-        "fused_gate_sigmoid_mul": gdn.gate_sigmoid_mul,
-        "fused_gate_sigmoid_mul_add": gdn.gate_sigmoid_mul_add,
+        "fused_gate_sigmoid_mul": _gdn("gate_sigmoid_mul"),
+        "fused_gate_sigmoid_mul_add": _gdn("gate_sigmoid_mul_add"),
     },
 }
+
+
+def _keep_intel_amx_attention(module) -> None:
+    """Wrap the fallback pass where SGLang keeps it: the module attribute (which
+    `arg_groups/attention_hook.py` imports by name) and the registry list."""
+    name = "_attention_backend_platform_fallbacks"
+    original = getattr(module, name)
+
+    def fallbacks_except_intel_amx(view):
+        if view.attention_backend == "intel_amx" and view.device == "cpu":
+            return {}
+        return original(view)
+
+    fallbacks_except_intel_amx.__name__ = name
+    setattr(module, name, fallbacks_except_intel_amx)
+    passes = module.POST_PROCESS_PASSES
+    passes[:] = [fallbacks_except_intel_amx if fn is original else fn for fn in passes]
+
+
+REBINDS["sglang.srt.arg_groups.overrides"] = {}
+AFTER_IMPORT = {"sglang.srt.arg_groups.overrides": _keep_intel_amx_attention}
 
 
 def _rebind(module) -> None:
     for name, value in REBINDS[module.__name__].items():
         setattr(module, name, value)
+    if module.__name__ in AFTER_IMPORT:
+        AFTER_IMPORT[module.__name__](module)
 
 
 class _RebindAfterImport(importlib.abc.MetaPathFinder):
