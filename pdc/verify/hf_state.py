@@ -375,18 +375,36 @@ def describe_state(family: str, model, state: dict[str, torch.Tensor]) -> list[d
                 dict(
                     name=f"L{i}.{spec.name}", shape=tuple(x.shape), dtype=str(x.dtype)[6:],
                     kind=spec.kind, attr=spec.attr, shard_axis=spec.shard_axis,
-                    shard_size=getattr(config, spec.shard_size) if spec.shard_size else None,
-                    segments=[(label, _prod(config, attrs)) for label, attrs in spec.segments],
-                    segment_units=[getattr(config, attrs[0]) for _, attrs in spec.segments],
+                    shard_size=(_config_attr(config, spec.shard_size, family, spec.name)
+                                if spec.shard_size else None),
+                    segments=[(label, _prod(config, attrs, family, spec.name))
+                              for label, attrs in spec.segments],
+                    segment_units=[_config_attr(config, attrs[0], family, spec.name)
+                                   for _, attrs in spec.segments],
                 )
             )
     return rows
 
 
-def _prod(config, attrs: tuple[str, ...]) -> int:
+class RecipeError(ValueError):
+    """A family recipe that does not fit its model's config: a user's mistake, reported by
+    `pdc parity` as one located line, never as a traceback."""
+
+
+def _config_attr(config, attr: str, family: str, tensor: str) -> int:
+    if not hasattr(config, attr):
+        raise RecipeError(
+            f"the recipe of '{family}' (FAMILIES['{family}'] in pdc/verify/hf_state.py), state "
+            f"tensor '{tensor}', reads config.{attr}, which {type(config).__name__} does not "
+            f"have; hint: name an attribute the config has (an MHA model has no "
+            f"num_key_value_heads: use num_attention_heads)")
+    return getattr(config, attr)
+
+
+def _prod(config, attrs: tuple[str, ...], family: str, tensor: str) -> int:
     n = 1
     for a in attrs:
-        n *= getattr(config, a)
+        n *= _config_attr(config, a, family, tensor)
     return n
 
 

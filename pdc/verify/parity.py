@@ -141,6 +141,8 @@ def prepare(spec_path: str, prefill: str, decode: str, engine: str, dtype: str |
         raise ParityError(f"{' and '.join(missing)} not installed: pip install -e '.[kernels,hf]'")
     env = tuple(sorted(spec.env.items()))
     probe = workers.probe(binding, layout, env, model_dtype, tokens)
+    if "error" in probe:
+        raise ParityError(f"{spec_path}: {probe['error']}")
     problems = check_binding(layout, binding, probe["rows"], tokens, page_size)
     if problems:
         raise ParityError(f"{spec_path} does not fit the {binding.hf_family} model's cache "

@@ -86,10 +86,15 @@ class _Worker:
     def probe(self, binding: Binding, layout, params: tuple, dtype: str, n_tokens: int) -> dict:
         import torch
 
-        model = self.model(binding, layout, params, dtype)
-        prompt = torch.full((n_tokens,), 3, dtype=torch.long)
-        *_, (cache, _) = model.chunked_prefill(prompt, [(0, n_tokens)])
-        rows = model.describe_state(model.export_state(cache))
+        # A recipe or config mistake (a user's new family) comes back as data, named with the
+        # recipe line it failed at, and `prepare` refuses the case with it: no traceback.
+        try:
+            model = self.model(binding, layout, params, dtype)
+            prompt = torch.full((n_tokens,), 3, dtype=torch.long)
+            *_, (cache, _) = model.chunked_prefill(prompt, [(0, n_tokens)])
+            rows = model.describe_state(model.export_state(cache))
+        except Exception as e:  # noqa: BLE001 - every failure of user code is reported
+            return {"error": probe_error(e, binding.hf_family)}
         return {"rows": rows, "vocab_size": model.vocab_size}
 
     # ~~~ one case ~~~
@@ -307,6 +312,25 @@ def _wait(poll, timeout_s: float, KVPoll) -> str:
             return st.name
         time.sleep(0.002)
     return "Timeout"
+
+
+def probe_error(e: Exception, hf_family: str) -> str:
+    """One line for a failed probe: a RecipeError says everything itself; any other error is
+    named with the innermost line of pdc's model recipes (pdc/verify/) it came from."""
+    import traceback
+
+    from pdc.verify.hf_state import RecipeError
+
+    if isinstance(e, RecipeError):
+        return str(e)
+    where = ""
+    for frame in reversed(traceback.extract_tb(e.__traceback__)):
+        parts = frame.filename.replace("\\", "/").split("/")
+        if "verify" in parts and parts[-1].endswith(".py"):
+            where = f" at pdc/verify/{parts[-1]}:{frame.lineno} ({frame.line})"
+            break
+    return (f"the {hf_family} model failed to build or export its cache{where}: "
+            f"{type(e).__name__}: {e}")
 
 
 def _worker_main(cmd_q, res_q, index: int, gather_q, threads: int) -> None:
