@@ -31,7 +31,8 @@ from .common import (
 )
 from .faults import NO_FAULTS, Faults
 from .handshake import DecodeHandshake
-from .liveness import DecodeLiveness, Liveness
+from .liveness import DecodeLiveness
+from .liveness_model import Liveness
 from .records import _Recv
 from .staged import DecodeStaging, _deregister_arena, _launches, _staging_arena
 from .states import TERMINAL, advanced, page_state

@@ -25,7 +25,7 @@ from ..plan_types import Link, Plan, RankId
 from ..pools import RankPools
 from .common import REG_ROOM, KVPoll, PageState
 from .faults import Faults
-from .liveness import Liveness
+from .liveness_model import Liveness
 from .records import _Chunk, _Final, _Peer, _Recv, _Room, _Staged, _Target
 
 

@@ -27,7 +27,8 @@ from .common import (
 )
 from .faults import NO_FAULTS, Faults
 from .handshake import PrefillHandshake
-from .liveness import Liveness, PrefillLiveness
+from .liveness import PrefillLiveness
+from .liveness_model import Liveness
 from .prefill_control import PrefillControl
 from .prefill_worker import PrefillWorker
 from .records import _Chunk, _Final, _Peer, _Room

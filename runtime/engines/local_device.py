@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -39,8 +39,6 @@ from .base import (
 if TYPE_CHECKING:
     # Every use of `torch` below is in a method of an engine, whose __init__ loaded it.
     import torch
-
-    from .cuda_ipc import _IpcPeer
 else:
     torch = None  # the torch module, set by _device_modules()
 
@@ -59,6 +57,17 @@ def _device_modules():
             ) from None
         torch = torch_module
     return torch
+
+
+class _Peer(Protocol):
+    """What a device engine reads of a peer it writes to: a `_DevicePeer` (an engine of this
+    process) or, in CudaIpcEngine (runtime/engines/cuda_ipc.py, which builds on this module),
+    an engine of another process whose regions it opened."""
+
+    device: Any
+    ranges: RegionTable
+
+    def engine(self) -> LocalDeviceEngine | None: ...
 
 
 class _DevicePeer:
@@ -110,7 +119,7 @@ class LocalDeviceEngine(TransferEngine):
         self._regions = RegionTable()
         self._views: dict[int, object] = {}  # region start -> uint8 tensor over the region
         # Engines of this process; a CudaIpcEngine's also holds those of other processes.
-        self._peers: dict[str, _DevicePeer | _IpcPeer] = {}
+        self._peers: dict[str, _Peer] = {}
         self._lock = threading.Lock()
         self._closed = False
         self._token = uuid.uuid4().hex
@@ -203,7 +212,7 @@ class LocalDeviceEngine(TransferEngine):
             self._peers[peer] = _DevicePeer(engine, device, ranges)
         return peer
 
-    def _peer(self, peer: str) -> _DevicePeer | _IpcPeer:
+    def _peer(self, peer: str) -> _Peer:
         target = self._peers.get(peer)
         if target is None:
             raise TransferError(f"local: unknown peer {peer!r}; connect() it first")

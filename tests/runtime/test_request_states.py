@@ -1,12 +1,12 @@
 """The request state machines and the peer-liveness model as pure data (runtime/endpoints/
-states.py, Note [Request states]; runtime/endpoints/liveness.py, Note [Peer liveness]), checked
+states.py, Note [Request states]; runtime/endpoints/liveness_model.py, Note [Peer liveness]), checked
 directly: no endpoint, no thread, no clock."""
 
 from __future__ import annotations
 
 import pytest
 from pdc.runtime.endpoints import KVPoll, PageState
-from pdc.runtime.endpoints.liveness import LISTEN_SLACK_S, Liveness
+from pdc.runtime.endpoints.liveness_model import LISTEN_SLACK_S, Liveness
 from pdc.runtime.endpoints.states import (
     TERMINAL,
     TRANSITIONS,
