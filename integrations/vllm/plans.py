@@ -10,8 +10,11 @@ from pdc.runtime.spec_path import find_family, search_folders
 
 
 @cache
-def make_plan(family: Family, prefill_tp: int, decode_tp: int, backend: str):
-    return family.plan_for(f"tp={prefill_tp}", f"tp={decode_tp}", backend)
+def make_plan(family: Family, prefill_tp: int, decode_tp: int, backend: str,
+              decode_engines: int = 1):
+    """`decode_engines` decode engines are the decode side's DP groups (Note [Many engines]
+    in links.py)."""
+    return family.plan_for(f"tp={prefill_tp}", f"tp={decode_tp},dp={decode_engines}", backend)
 
 
 def served_family(settings, vllm_config) -> Family:

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 ENGINES = ("mooncake", "nixl")
 ROLES = ("kv_producer", "kv_consumer")
-KEYS = ("family", "engine", "knobs", "peer_tp", "host", "spec_path")
+KEYS = ("family", "engine", "knobs", "peer_tp", "host", "spec_path", "decode_engines",
+        "decode_index")
 
 
 class SettingsError(ValueError):
@@ -29,6 +30,10 @@ class PdcSettings:
     host: str  # address the prefill bootstrap service advertises
     knobs: dict = field(default_factory=dict)  # pdc runtime knobs (pdc.runtime.knobs)
     spec_path: tuple[str, ...] = ()  # folders of user specs, searched before PDC_SPEC_PATH
+    # Note [Many engines] (links.py): the decode engines the prefill engines serve, the same
+    # on every engine (the plan's decode DP groups), and this decode engine's group
+    decode_engines: int = 1
+    decode_index: int = 0
 
     @property
     def py_name(self) -> str:
@@ -79,7 +84,19 @@ def parse_settings(role: str, extra: dict | None) -> PdcSettings:
     host = extra.get("host", "127.0.0.1")
     if not isinstance(host, str) or not host:
         raise SettingsError(f"{_where('host')}: expected a host name or address")
-    return PdcSettings(family, engine, role, peer_tp, host, knobs, tuple(spec_path))
+    counts = {}
+    for key in ("decode_engines", "decode_index"):
+        v = extra.get(key, 1 if key == "decode_engines" else 0)
+        if not isinstance(v, int) or isinstance(v, bool) or v < (key == "decode_engines"):
+            least = 1 if key == "decode_engines" else 0
+            raise SettingsError(f"{_where(key)}: {v!r} is not an int >= {least}")
+        counts[key] = v
+    if counts["decode_index"] >= counts["decode_engines"]:
+        raise SettingsError(
+            f"{_where('decode_index')}: {counts['decode_index']} is not below decode_engines "
+            f"{counts['decode_engines']}\n  hint: number the decode engines 0 to "
+            f"decode_engines - 1 and give every engine, prefill too, the same decode_engines")
+    return PdcSettings(family, engine, role, peer_tp, host, knobs, tuple(spec_path), **counts)
 
 
 def check_parallel(vllm_config) -> None:

@@ -48,6 +48,7 @@ from vllm.model_executor.models.utils import extract_layer_index
 
 from .events import ForwardEvents
 from .groups import CacheGroups
+from .links import DecodeLinks, SharedRegistrations
 from .metadata import PdcConnectorMetadata, RecvReq
 from .plans import make_plan, served_family
 from .settings import PdcSettings
@@ -101,8 +102,7 @@ class PdcWorker:
         self.engine = None
         self.tensors: dict = {}
         self.prefill_ep: PrefillEndpoint | None = None
-        self.decode_ep: DecodeEndpoint | None = None
-        self.decode_bootstrap = ""
+        self.links = DecodeLinks(self._open_link)  # decode: by prefill engine
         self.senders: dict[str, object] = {}  # req_id -> PrefillSender
         self.aborting: set[str] = set()
         self.receivers: dict[str, tuple] = {}  # req_id -> (receiver, RecvReq, t0)
@@ -161,13 +161,18 @@ class PdcWorker:
         self.engine = make_engine(self.settings.engine,
                                   **engine_device(self.tensors, self.layout.spec_path))
         self.events = ForwardEvents.of(self.tensors)
+        if not self.settings.is_prefill:  # one endpoint per prefill engine, one registration
+            self.engine = SharedRegistrations(self.engine)
         # Decode opens its endpoint at the first request; the engine's transport report
         # (Mooncake: ~1 s) is asked now, at start, not then.
         self.engine.transport()
         peer = self.settings.peer_tp or self.tp
         prefill_tp, decode_tp = (self.tp, peer) if self.settings.is_prefill else (peer, self.tp)
-        self.pools = self._pools(make_plan(self.family, prefill_tp, decode_tp,
-                                           self.settings.engine))
+        self.pools = self._pools(self._plan(prefill_tp, decode_tp))
+
+    def _plan(self, prefill_tp: int, decode_tp: int):
+        return make_plan(self.family, prefill_tp, decode_tp, self.settings.engine,
+                         self.settings.decode_engines)
 
     def _pools(self, plan) -> EnginePools:
         side = "prefill" if self.settings.is_prefill else "decode"
@@ -192,8 +197,7 @@ class PdcWorker:
     def start_load_kv(self, meta: PdcConnectorMetadata) -> None:
         if self.settings.is_prefill:
             if self.prefill_ep is None and meta.bootstrap:
-                plan = make_plan(self.family, self.tp, self.settings.peer_tp or self.tp,
-                                 self.settings.engine)
+                plan = self._plan(self.tp, self.settings.peer_tp or self.tp)
                 self.prefill_ep = PrefillEndpoint(self.layout, self.wire, plan, self.rank, 0,
                                                   self.engine, self.pools, meta.bootstrap)
             for s in meta.send:
@@ -216,7 +220,7 @@ class PdcWorker:
                 self.aborting.add(req_id)
         for c in meta.cancel:
             try:
-                rv = self._decode_endpoint(c).receiver(c.room)
+                rv = self.links.get(c.bootstrap, c.prefill_tp).receiver(c.room)
                 rv.cancel()
                 rv.release()
             except Exception as e:  # noqa: BLE001 - prefill then frees it at its room timeout
@@ -225,7 +229,7 @@ class PdcWorker:
 
     def _start_recv(self, r: RecvReq) -> None:
         try:
-            ep = self._decode_endpoint(r)
+            ep = self.links.get(r.bootstrap, r.prefill_tp)
             rv = ep.receiver(r.room, arrived=r.t_arrived)
             rv.init(list(r.block_ids), r.prefix_tokens, slot=r.slot)
         except Exception as e:  # noqa: BLE001 - a request that cannot start fails alone
@@ -235,20 +239,19 @@ class PdcWorker:
             return
         self.receivers[r.req_id] = (rv, r, time.monotonic())
 
-    def _decode_endpoint(self, r) -> DecodeEndpoint:  # a RecvReq or a CancelReq
-        if self.decode_ep is not None:
-            if r.bootstrap != self.decode_bootstrap:
-                raise ValueError(f"this decode engine is linked to the prefill engine at "
-                                 f"{self.decode_bootstrap}; one pdc decode engine serves one "
-                                 f"prefill engine (got {r.bootstrap})")
-            return self.decode_ep
-        plan = make_plan(self.family, r.prefill_tp, self.tp, self.settings.engine)
-        pools = self._pools(plan) if r.prefill_tp != (self.settings.peer_tp or self.tp) else \
+    def _open_link(self, bootstrap: str, prefill_tp: int) -> DecodeEndpoint:
+        """This decode rank's endpoint to the prefill engine at `bootstrap`, registered as
+        decode group `decode_index` (Note [Many engines] in links.py)."""
+        plan = self._plan(prefill_tp, self.tp)
+        pools = self._pools(plan) if prefill_tp != (self.settings.peer_tp or self.tp) else \
             self.pools
-        ep = DecodeEndpoint(self.layout, self.wire, plan, self.rank, 0, self.engine, pools,
-                            r.bootstrap)
-        ep.wait_ready(knobs.get("bootstrap_timeout_s"))
-        self.decode_ep, self.decode_bootstrap = ep, r.bootstrap
+        ep = DecodeEndpoint(self.layout, self.wire, plan, self.rank,
+                            self.settings.decode_index, self.engine, pools, bootstrap)
+        try:
+            ep.wait_ready(knobs.get("bootstrap_timeout_s"))
+        except Exception:
+            ep.close()
+            raise
         return ep
 
     def _load_failed(self, r: RecvReq) -> None:
@@ -346,6 +349,7 @@ class PdcWorker:
             rv.release()
             del self.receivers[req_id]
         self.sched_finished -= recving
+        self.links.sweep({r.bootstrap for _, r, _ in self.receivers.values()})
         return freed or None, recving or None
 
     def take_failed_requests(self) -> set[str]:
@@ -363,6 +367,6 @@ class PdcWorker:
         return out
 
     def shutdown(self) -> None:
-        for ep in (self.prefill_ep, self.decode_ep):
-            if ep is not None:
-                ep.close()
+        if self.prefill_ep is not None:
+            self.prefill_ep.close()
+        self.links.close()

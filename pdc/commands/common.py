@@ -113,6 +113,7 @@ def is_usage(diagnostics) -> bool:
 # Caps of the demos with real servers: prompts and greedy tokens per prompt.
 MAX_DEMO_PROMPTS = 10_000
 MAX_DEMO_NEW_TOKENS = 1024
+MAX_DEMO_ENGINES = 4  # of each side in `pdc vllm-demo`, on the 2-core box it is made for
 
 # Caps of `pdc demo` (Note [Spec limits]): each rank is a process on this machine.
 MAX_DEMO_PROCESSES = 64

@@ -7,6 +7,7 @@ import argparse
 
 from .common import (
     MAX_DEMO_CONCURRENCY,
+    MAX_DEMO_ENGINES,
     MAX_DEMO_NEW_TOKENS,
     MAX_DEMO_PROMPTS,
     arg,
@@ -40,6 +41,13 @@ MAX_DEMO_REPEAT = 20
         help="run every backend N times, each repetition in another order (default: 1)"),
     arg("--timeline", action="store_true",
         help="log pdc's transfers and print where its time to first token went, by phase"),
+    arg("--prefill-engines", type=int, default=1, metavar="N",
+        help="prefill engines; the proxy spreads the prompts over them (default: 1)"),
+    arg("--decode-engines", type=int, default=1, metavar="N",
+        help="decode engines; each loads from every prefill engine (default: 1)"),
+    arg("--kill-prefill-after", type=int, default=None, metavar="K",
+        help="kill the last prefill engine once K prompts finished: its prompts may fail, "
+             "no other may"),
 )
 def cmd_vllm_demo(args: argparse.Namespace) -> int:
     """Run prefill and decode as two real vLLM engines with pdc's KV connector between them.
@@ -61,7 +69,15 @@ def cmd_vllm_demo(args: argparse.Namespace) -> int:
     bad = range_problem((("--prompts", args.prompts, 1, MAX_DEMO_PROMPTS),
                           ("--tokens", args.tokens, 1, MAX_DEMO_NEW_TOKENS),
                           ("--in-flight", args.in_flight, 1, MAX_DEMO_CONCURRENCY),
-                          ("--repeat", args.repeat, 1, MAX_DEMO_REPEAT)))
+                          ("--repeat", args.repeat, 1, MAX_DEMO_REPEAT),
+                          ("--prefill-engines", args.prefill_engines, 1, MAX_DEMO_ENGINES),
+                          ("--decode-engines", args.decode_engines, 1, MAX_DEMO_ENGINES)))
+    if bad is None and args.kill_prefill_after is not None:
+        bad = range_problem((("--kill-prefill-after", args.kill_prefill_after, 0,
+                              args.prompts - 1),))
+        if bad is None and args.prefill_engines < 2:
+            bad = ("--kill-prefill-after needs another prefill engine to serve the rest",
+                   "add --prefill-engines 2")
     if bad:
         return usage_error("vllm-demo", *bad, False)
     family = spec_family(args.spec, "vllm-demo")
@@ -69,7 +85,9 @@ def cmd_vllm_demo(args: argparse.Namespace) -> int:
         return 1
     return run_demo(family, args.engine, args.prompts, args.tokens, args.seed, keep=args.keep,
                     compare=args.compare, in_flight=args.in_flight, repeat=args.repeat,
-                    timeline=args.timeline)
+                    timeline=args.timeline, prefill_engines=args.prefill_engines,
+                    decode_engines=args.decode_engines,
+                    kill_prefill_after=args.kill_prefill_after)
 
 
 @command(

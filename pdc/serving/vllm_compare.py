@@ -113,7 +113,7 @@ def run_backend(python: str, work: Path, model: str, family: str, engine_name: s
                          connector=backend, env=dec_env)
             engines.append(dec)
             dec.wait_up()
-            tokens, _, ttft, errors = run_pd(pre, dec, prompts, max_tokens,
+            tokens, _, ttft, errors, _ = run_pd(pre, dec, prompts, max_tokens,
                                              concurrency=in_flight, flow=flow)
         run.ttft_ms = [t * 1e3 for t, e in zip(ttft, errors, strict=True) if not e]
         run.identical = sum(t == r and not e for t, r, e in zip(tokens, ref, errors,

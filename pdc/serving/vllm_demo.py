@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .vllm_engine import is_hybrid
+from .vllm_engine import is_hybrid, is_mla
 from .vllm_env import HINT, vllm_python
 
 START_TIMEOUT_S = 300.0
@@ -57,12 +57,13 @@ class Engine:
     def __init__(self, python: str, workdir: Path, role: str, model: str, family: str,
                  engine: str, core: int | str, block_size: int = 32, extra: dict | None = None,
                  tp: int = 1, connector: str = "pdc", env: dict | None = None,
-                 engine_id: str = ""):
+                 engine_id: str = "", name: str = ""):
         import zmq
 
         self.role = role
-        self.log_path = workdir / f"{role}.log"
-        self.port_file = workdir / f"{role}.port"
+        self.name = name or role  # "prefill1" when there are several
+        self.log_path = workdir / f"{self.name}.log"
+        self.port_file = workdir / f"{self.name}.port"
         for f in (self.port_file, Path(f"{self.port_file}.err")):
             f.unlink(missing_ok=True)
         cmd = [python, "-m", "pdc.serving.vllm_engine", "--model", model, "--role", role,
@@ -83,10 +84,10 @@ class Engine:
         deadline = time.monotonic() + timeout_s
         while not self.port_file.exists():
             if self.proc.poll() is not None:
-                raise DemoError(f"the {self.role} engine exited with {self.proc.returncode}: "
+                raise DemoError(f"the {self.name} engine exited with {self.proc.returncode}: "
                                 f"{self.failure()}")
             if time.monotonic() > deadline:
-                raise DemoError(f"the {self.role} engine did not start in {timeout_s:.0f} s "
+                raise DemoError(f"the {self.name} engine did not start in {timeout_s:.0f} s "
                                 f"(log: {self.log_path})")
             time.sleep(0.2)
         self.address = self.port_file.read_text()
@@ -108,7 +109,7 @@ class Engine:
 
     def recv(self, timeout_s: float) -> dict:
         if not self.sock.poll(int(timeout_s * 1000)):
-            raise DemoError(f"the {self.role} engine did not answer in {timeout_s:.0f} s")
+            raise DemoError(f"the {self.name} engine did not answer in {timeout_s:.0f} s")
         return json.loads(self.sock.recv())
 
     def stop(self) -> None:
@@ -146,6 +147,7 @@ class Outcome:
     transfer: dict | None = None
     ttft_s: float = 0.0
     error: str = ""
+    route: str = ""  # "prefill1 > decode0" when there are several engines
 
     pdc: bool = True  # moved by PdcConnector, which reports what it moved
 
@@ -156,19 +158,38 @@ class Outcome:
             and self.transfer.get("bytes", 0) > 0))
 
 
-def run_pd(prefill: Engine, decode: Engine, prompts: list[list[int]], max_tokens: int,
-           on_done=None, concurrency: int = 4, flow: Flow | None = None
-           ) -> tuple[list[list[int]], list[dict | None], list[float], list[str]]:
-    """Every prompt through prefill then decode, `concurrency` at once; repeats start after
-    the prompt they repeat finished (so decode holds its prefix). `flow` gives the
-    kv_transfer_params of each side (default: PdcConnector's and NixlConnector's)."""
+@dataclass
+class Kill:
+    """Kill `engine` (SIGKILL) once `after` prompts have finished: the fault of a
+    many-engine run (Note [Many engines] in integrations/vllm/links.py)."""
+
+    engine: Engine
+    after: int
+    done: bool = False
+
+
+def run_pd(prefill: Engine | list[Engine], decode: Engine | list[Engine],
+           prompts: list[list[int]], max_tokens: int, on_done=None, concurrency: int = 4,
+           flow: Flow | None = None, kill: Kill | None = None) -> tuple[list[list[int]], list[dict | None], list[float],
+                                              list[str], list[str]]:
+    """Every prompt through a prefill engine then a decode engine, `concurrency` at once;
+    repeats start after the prompt they repeat finished (so decode holds its prefix). With
+    several engines the proxy spreads the prompts: new prompts take the (prefill, decode)
+    pairs in turn, so every prefill engine hands over to every decode engine; a repeat goes
+    to the decode engine of the prompt it repeats (which holds its prefix) and to the next
+    prefill engine; a dead prefill engine's turn goes to a live one. Returns tokens,
+    transfers, TTFTs, errors and each prompt's route. `flow` gives the kv_transfer_params
+    of each side (default: PdcConnector's and NixlConnector's)."""
     flow = flow or Flow()
+    prefills = prefill if isinstance(prefill, list) else [prefill]
+    decodes = decode if isinstance(decode, list) else [decode]
     n = len(prompts)
     tokens: list[list[int]] = [[] for _ in range(n)]
     transfers: list[dict | None] = [None] * n
     ttft = [0.0] * n
     errors = [""] * n
-    first_use = {}
+    routes = [""] * n
+    first_use: dict[tuple, int] = {}
     after: dict[int, int] = {}
     for i, p in enumerate(prompts):
         key = tuple(p)
@@ -180,47 +201,78 @@ def run_pd(prefill: Engine, decode: Engine, prompts: list[list[int]], max_tokens
     done: set[int] = set()
     started: dict[int, float] = {}
     sent: dict[int, float] = {}
+    at_prefill: dict[int, Engine] = {}  # prompts a prefill engine has not answered yet
+    dec_of: dict[int, Engine] = {}
     in_flight = 0
+    turn = 0
+    dead: set[int] = set()  # id() of killed engines
     deadline = time.monotonic() + REQUEST_TIMEOUT_S * max(1, n // concurrency + 1)
+
+    def finish(i: int, error: str = "") -> None:
+        nonlocal in_flight
+        if error:
+            errors[i] = error
+        done.add(i)
+        in_flight -= 1
+        if on_done is not None:
+            on_done(i)
+
     while len(done) < n:
+        live = [e for e in prefills if id(e) not in dead]
         for i in list(todo):
-            if in_flight >= concurrency:
+            if in_flight >= concurrency or not live:
                 break
             if i in after and after[i] not in done:
                 continue
             todo.remove(i)
+            k = turn % (len(prefills) * len(decodes))
+            pre = prefills[k % len(prefills)]
+            if id(pre) in dead:
+                pre = live[turn % len(live)]
+            turn += 1
+            dec = dec_of[after[i]] if i in after else decodes[k // len(prefills)]
+            dec_of[i], at_prefill[i] = dec, pre
+            routes[i] = f"{pre.name} > {dec.name}"
             started[i] = time.monotonic()
-            prefill.send({"op": "generate", "id": f"p{i}", "prompt": prompts[i],
-                          "max_tokens": 1, "kv_transfer_params": flow.to_prefill(i)})
+            pre.send({"op": "generate", "id": f"p{i}", "prompt": prompts[i],
+                      "max_tokens": 1, "kv_transfer_params": flow.to_prefill(i)})
             in_flight += 1
+        if kill is not None and not kill.done and len(done) >= kill.after:
+            kill.engine.proc.kill()
+            kill.engine.proc.wait(10)
+            kill.done = True
+            dead.add(id(kill.engine))
+            for i, pre in list(at_prefill.items()):
+                if pre is kill.engine:  # its answer never comes: the client sees an error
+                    del at_prefill[i]
+                    finish(i, f"prefill engine {pre.name} was killed")
         if time.monotonic() > deadline:
             raise DemoError(f"requests {sorted(set(range(n)) - done)} did not finish in time")
-        for eng in (prefill, decode):
-            if not eng.sock.poll(5):
+        for eng in prefills + decodes:
+            if id(eng) in dead or not eng.sock.poll(5):
                 continue
             r = json.loads(eng.sock.recv())
             i = int(r["id"][1:])
-            if eng is prefill:
+            if eng in prefills:
+                at_prefill.pop(i, None)
                 params = flow.to_decode(i, r.get("kv_transfer_params"))
                 if not params:
-                    errors[i] = "prefill returned no kv_transfer_params"
-                    done.add(i)
-                    in_flight -= 1
+                    finish(i, "prefill returned no kv_transfer_params")
                     continue
                 sent[i] = time.monotonic()
-                decode.send({"op": "generate", "id": f"d{i}", "prompt": prompts[i],
-                             "max_tokens": max_tokens, "kv_transfer_params": params})
+                dec_of[i].send({"op": "generate", "id": f"d{i}", "prompt": prompts[i],
+                                "max_tokens": max_tokens, "kv_transfer_params": params})
             else:
                 tokens[i] = r["tokens"]
                 transfers[i] = r.get("pdc")
                 # Time to first token as the client sees it: prefill, the hand-over, and
                 # decode until its first token (the one it samples after the transfer).
                 ttft[i] = sent[i] - started[i] + r["ttft_s"]
-                done.add(i)
-                in_flight -= 1
-                if on_done is not None:
-                    on_done(i)
-    return tokens, transfers, ttft, errors
+                failed = r.get("finish_reason") == "error"
+                finish(i, f"decode failed the request: "
+                          f"{(transfers[i] or {}).get('reason') or 'no reason'}"
+                       if failed else "")
+    return tokens, transfers, ttft, errors, routes
 
 
 @dataclass(frozen=True)
@@ -291,6 +343,23 @@ def run_single(engine: Engine, prompts: list[list[int]], max_tokens: int) -> lis
     return out
 
 
+# With a kill: decode learns of a dead prefill engine within seconds, and an abort a dead rank
+# never acks times out soon, so its requests and blocks are settled before the demo ends.
+FAST_DEATH = {"peer_dead_after_s": 3.0, "heartbeat_interval_s": 0.5, "abort_ack_timeout_s": 5.0}
+
+
+def _settled(engines: list[Engine], wait_s: float) -> list[dict]:
+    """Each engine's block state (pdc.vllm_engine's free_blocks), once none holds a request
+    or `wait_s` passed."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        states = [e.call({"op": "free_blocks"}) for e in engines]
+        if all(not s["requests"] and not s["held"] for s in states) or \
+                time.monotonic() > deadline:
+            return states
+        time.sleep(0.5)
+
+
 def _pct(xs: list[float], q: float) -> float:
     if not xs:
         return 0.0
@@ -304,15 +373,19 @@ def print_outcomes(outcomes: list[Outcome], engine_name: str, out) -> None:
 
     from ..console import print_table
 
+    routed = any(o.route for o in outcomes)
     rows = []
     for o in outcomes:
         t = o.transfer or {}
         verdict = "[green]identical[/green]" if o.ok else (
             f"[red]{escape(o.error or t.get('reason') or 'differ')}[/red]")
         rows.append((str(o.index), str(o.prompt_tokens), str(t.get("prefix_tokens", "-")),
-                     f"{t.get('bytes', 0):,}", f"{o.ttft_s * 1e3:.0f}", verdict))
-    print_table(("#", "prompt", "decode prefix", "bytes", "TTFT ms", "tokens"), rows, out,
-                right=(0, 1, 2, 3, 4), title=f"pdc vllm-demo ({engine_name})", markup=True)
+                     f"{t.get('bytes', 0):,}", f"{o.ttft_s * 1e3:.0f}")
+                    + ((o.route,) if routed else ()) + (verdict,))
+    heads = ("#", "prompt", "decode prefix", "bytes", "TTFT ms") + (
+        ("engines",) if routed else ()) + ("tokens",)
+    print_table(heads, rows, out, right=(0, 1, 2, 3, 4),
+                title=f"pdc vllm-demo ({engine_name})", markup=True)
 
 
 def _print_timeline(folders: list[Path], out, title: str) -> None:
@@ -345,11 +418,15 @@ def _compare(python, work, model, family, engine_name, prompts, ref, max_tokens,
 
 def run_demo(family: str, engine_name: str, n_prompts: int, max_tokens: int, seed: int,
              out=None, keep: bool = False, compare: bool = False, in_flight: int = 4,
-             repeat: int = 1, timeline: bool = False) -> int:
+             repeat: int = 1, timeline: bool = False, prefill_engines: int = 1,
+             decode_engines: int = 1, kill_prefill_after: int | None = None) -> int:
     """Results on `out` (stdout), progress and errors on stderr. `compare` adds vLLM's own
     connectors and one engine alone (pdc/serving/vllm_compare.py); `repeat` runs every backend that
     many times, interleaved; `timeline` has pdc log its transfers and prints their phases
-    (pdc/serving/timeline.py)."""
+    (pdc/serving/timeline.py). Several prefill and decode engines (xPyD) share the two cores:
+    prefill engines compute on core 0, decode engines and the reference on core 1 (Note
+    [Engine threads]). `kill_prefill_after`: kill the last prefill engine once that many
+    prompts finished; its prompts may fail, no other may."""
     from ..console import Counter, phase_printer, wrap
 
     if timeline:
@@ -370,7 +447,8 @@ def run_demo(family: str, engine_name: str, n_prompts: int, max_tokens: int, see
         if r.returncode != 0:
             raise DemoError(f"making the model failed: {r.stderr.strip()[-2000:]}")
         prompts = make_prompts(n_prompts, seed)
-        kind = "Qwen3-Next" if is_hybrid(family) else "Llama"
+        kind = "Qwen3-Next" if is_hybrid(family) else "DeepSeek-V2" if is_mla(family) else \
+            "Llama"
         print(wrap(f"model: random-weight {kind} for family {family} ({work}/model); "
                    f"{n_prompts} prompts of {min(map(len, prompts))}-"
                    f"{max(map(len, prompts))} tokens, {max_tokens} tokens each; "
@@ -387,38 +465,59 @@ def run_demo(family: str, engine_name: str, n_prompts: int, max_tokens: int, see
             return _compare(python, work, model, family, engine_name, prompts, ref,
                             max_tokens, in_flight, repeat, compare, timeline, phase, out)
         phase("starting prefill and decode engines")
-        pre = Engine(python, work, "prefill", model, family, engine_name, core=0)
-        engines.append(pre)
-        pre.wait_up()
-        dec = Engine(python, work, "decode", model, family, engine_name, core=1)
-        engines.append(dec)
-        dec.wait_up()
+        many = prefill_engines > 1 or decode_engines > 1
+        knobs = {"knobs": FAST_DEATH} if kill_prefill_after is not None else {}
+        pres, decs = [], []
+        for k in range(prefill_engines):
+            extra = dict(knobs, decode_engines=decode_engines) if many else knobs
+            pres.append(Engine(python, work, "prefill", model, family, engine_name, core=0,
+                               extra=extra, name=f"prefill{k}" if many else ""))
+        for k in range(decode_engines):
+            extra = dict(knobs, decode_engines=decode_engines, decode_index=k) if many \
+                else knobs
+            decs.append(Engine(python, work, "decode", model, family, engine_name, core=1,
+                               extra=extra, name=f"decode{k}" if many else ""))
+        for e in pres + decs:  # they start side by side; one waits for all
+            engines.append(e)
+        for e in pres + decs:
+            e.wait_up()
         phase("prompts through prefill -> decode")
+        kill = Kill(pres[-1], kill_prefill_after) if kill_prefill_after is not None else None
         progress = Counter("prompts", n_prompts)
         try:
-            tokens, transfers, ttft, errors = run_pd(
-                pre, dec, prompts, max_tokens, on_done=lambda i: progress.tick(),
-                concurrency=in_flight)
+            tokens, transfers, ttft, errors, routes = run_pd(
+                pres, decs, prompts, max_tokens, on_done=lambda i: progress.tick(),
+                concurrency=in_flight, kill=kill)
         finally:
             progress.close()
-        free = pre.call({"op": "free_blocks"}), dec.call({"op": "free_blocks"})
-        outcomes = [Outcome(i, len(p), ref[i], tokens[i], transfers[i], ttft[i], errors[i])
+        alive = [e for e in pres + decs if e.proc.poll() is None]
+        free = _settled(alive, 30.0 if kill is not None else 10.0)
+        outcomes = [Outcome(i, len(p), ref[i], tokens[i], transfers[i], ttft[i], errors[i],
+                            routes[i] if many else "")
                     for i, p in enumerate(prompts)]
         print_outcomes(outcomes, engine_name, out)
         ok = sum(o.ok for o in outcomes)
+        # With a kill, the killed engine's prompts may fail (those it had not handed over);
+        # every other prompt must be identical.
+        victim = kill.engine.name if kill is not None else None
+        excused = [o for o in outcomes if not o.ok and victim is not None
+                   and o.route.startswith(f"{victim} >")]
         total_bytes = sum((o.transfer or {}).get("bytes", 0) for o in outcomes)
-        ttfts = [o.ttft_s * 1e3 for o in outcomes]
-        leaked = [f"{e.role} holds {f['requests']} requests"
-                  for e, f in zip((pre, dec), free, strict=True) if f["requests"]]
-        print(wrap(f"prompts ok: {ok}/{n_prompts}, failed: {n_prompts - ok}; "
+        ttfts = [o.ttft_s * 1e3 for o in outcomes if o.ok]
+        leaked = [f"{e.name} holds {f['requests']} requests"
+                  for e, f in zip(alive, free, strict=True) if f["requests"] or f["held"]]
+        where = "either engine" if len(alive) == 2 else f"any of the {len(alive)} engines"
+        killed = (f" ({len(excused)} of them on {victim}, killed after {kill_prefill_after} "
+                  f"prompts)") if victim is not None else ""
+        print(wrap(f"prompts ok: {ok}/{n_prompts}, failed: {n_prompts - ok}{killed}; "
                    f"bytes moved: {total_bytes:,}; TTFT p50 {_pct(ttfts, 0.5):.0f} ms, "
                    f"p99 {_pct(ttfts, 0.99):.0f} ms; "
-                   f"{'; '.join(leaked) or 'no request left on either engine'}; "
+                   f"{'; '.join(leaked) or 'no request left on ' + where}; "
                    f"{time.monotonic() - t0:.0f} s in all; load average "
                    f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}"), file=out)
         if timeline:
             _print_timeline([work], out, f"pdc timeline ({engine_name})")
-        return 0 if ok == n_prompts and not leaked else 1
+        return 0 if ok + len(excused) == n_prompts and not leaked else 1
     except DemoError as e:
         print(f"pdc vllm-demo: error: {e}", file=sys.stderr)
         return 1

@@ -39,7 +39,7 @@ def test_prefill_tp2_to_decode_tp1_moves_every_byte(vllm_model, tmp_path):
     try:
         pre.wait_up(600)
         dec.wait_up(600)
-        tokens, transfers, _, errors = run_pd(pre, dec, prompts, 8)
+        tokens, transfers, _, errors, _ = run_pd(pre, dec, prompts, 8)
         free = pre.call({"op": "free_blocks"}), dec.call({"op": "free_blocks"})
     finally:
         pre.stop()
