@@ -83,7 +83,8 @@ class PdcConnector(KVConnectorBase_V1, SupportsHMA):
         return
 
     def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs: Any) -> None:
-        self.worker.save_kv_layer(layer_name)
+        # the step's metadata is bound before the forward (Note [Sends at the first layer])
+        self.worker.save_kv_layer(layer_name, self._get_connector_metadata())
 
     def wait_for_save(self) -> None:
         self.worker.wait_for_save()

@@ -9,7 +9,8 @@ tensors to pdc's EnginePools (Note [Engine-owned memory]) which checks them agai
 and refuses a mismatch naming the vLLM layer and the spec component.
 
 Per-layer streaming: a request whose prompt completes in this step is queued as a streaming
-chunk in `start_load_kv`, before the forward; `save_kv_layer` reports each layer to pdc
+chunk at the step's first `save_kv_layer` (Note [Sends at the first layer]); each
+`save_kv_layer` reports its layer to pdc
 (`layer_done`), whose transfer thread sends that layer's blocks while the forward goes on;
 `wait_for_save` reports the forward done. On a GPU the layer's KV is only queued when the hook
 runs, so the hook records a CUDA event on the forward's stream and pdc issues the layer's writes
@@ -115,6 +116,7 @@ class PdcWorker:
         self.events = ForwardEvents()  # for the cache's device, once registered
         self._streaming = False
         self._started_recv: PdcConnectorMetadata | None = None  # bind() started its loads
+        self._queued: PdcConnectorMetadata | None = None  # the step whose sends are queued
         self._lock = threading.Lock()
 
     # ~~~ registration ~~~
@@ -194,17 +196,27 @@ class PdcWorker:
                 self._start_recv(r)
             self._started_recv = meta
 
+    def _queue_sends(self, meta: PdcConnectorMetadata) -> None:
+        """Note [Sends at the first layer]: vLLM binds the step's metadata before the forward
+        but (with no synchronous load) calls start_load_kv after it; the step's sends are
+        queued at the first `save_kv_layer` instead, so each layer's writes may leave while
+        the forward computes the next. Whichever comes first queues them, once a step."""
+        if meta is self._queued:
+            return
+        self._queued = meta
+        if self.prefill_ep is None and meta.bootstrap:
+            plan = self._plan(self.tp, self.settings.peer_tp or self.tp)
+            self.prefill_ep = PrefillEndpoint(self.layout, self.wire, plan, self.rank, 0,
+                                              self.engine, self.pools, meta.bootstrap)
+        for s in meta.send:
+            sender = self.prefill_ep.sender(s.room)
+            sender.send(list(s.block_ids), 0, True, s.seq_len, slot=s.slot, stream=True)
+            self.senders[s.req_id] = sender
+            self._streaming = True
+
     def start_load_kv(self, meta: PdcConnectorMetadata) -> None:
         if self.settings.is_prefill:
-            if self.prefill_ep is None and meta.bootstrap:
-                plan = self._plan(self.tp, self.settings.peer_tp or self.tp)
-                self.prefill_ep = PrefillEndpoint(self.layout, self.wire, plan, self.rank, 0,
-                                                  self.engine, self.pools, meta.bootstrap)
-            for s in meta.send:
-                sender = self.prefill_ep.sender(s.room)
-                sender.send(list(s.block_ids), 0, True, s.seq_len, slot=s.slot, stream=True)
-                self.senders[s.req_id] = sender
-                self._streaming = True
+            self._queue_sends(meta)
             for req_id in meta.abort:
                 if req_id in self.senders:
                     self.senders[req_id].abort()
@@ -270,7 +282,9 @@ class PdcWorker:
             self.load_errors.update(r.block_ids[first:])
         self.stats.failed()
 
-    def save_kv_layer(self, layer_name: str) -> None:
+    def save_kv_layer(self, layer_name: str, meta: PdcConnectorMetadata | None = None) -> None:
+        if meta is not None and self.settings.is_prefill:
+            self._queue_sends(meta)
         if self._streaming and self.prefill_ep is not None:
             self.prefill_ep.layer_done(extract_layer_index(layer_name),
                                        event=self.events.record())
