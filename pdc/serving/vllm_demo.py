@@ -349,7 +349,7 @@ FAST_DEATH = {"peer_dead_after_s": 3.0, "heartbeat_interval_s": 0.5, "abort_ack_
 
 
 def _settled(engines: list[Engine], wait_s: float) -> list[dict]:
-    """Each engine's block state (pdc.vllm_engine's free_blocks), once none holds a request
+    """Each engine's block state (pdc.serving.vllm_engine's free_blocks), once none holds a request
     or `wait_s` passed."""
     deadline = time.monotonic() + wait_s
     while True:

@@ -19,8 +19,8 @@ import subprocess
 
 import pytest
 
-from pdc.vllm_demo import Engine, engine_env, make_prompts, run_pd
-from pdc.vllm_env import HINT, vllm_python
+from pdc.serving.vllm_demo import Engine, engine_env, make_prompts, run_pd
+from pdc.serving.vllm_env import HINT, vllm_python
 
 pytestmark = pytest.mark.engines
 
@@ -35,7 +35,7 @@ CHECKED = {"knobs": {"checksum": 1}}
 @pytest.fixture(scope="module")
 def mla_model(tmp_path_factory):
     path = tmp_path_factory.mktemp("vllm-mla") / "model"
-    r = subprocess.run([vllm_python(), "-m", "pdc.vllm_engine", "--make-model", str(path),
+    r = subprocess.run([vllm_python(), "-m", "pdc.serving.vllm_engine", "--make-model", str(path),
                         FAMILY], capture_output=True, text=True, env=engine_env(0),
                        timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
