@@ -4,7 +4,8 @@ rank. Prefill at TP 2 (two worker processes, each holding the whole latent) -> d
 TP 1 over Mooncake: the plan elects one prefill rank to write each block, so decode receives
 every block once, and pdc's link digests (`checksum`) check each byte it received. The same
 model at TP 1 -> TP 1 runs through `pdc vllm-demo --spec specs/vllm-deepseek-mla.yaml`
-(docs/vllm.md "MLA"); TP 1 -> TP 2 was run by hand (docs/vllm.md).
+(docs/vllm.md "MLA"); TP 1 -> TP 2 is planned the same way (one prefill rank writes both
+decode ranks) but not run yet (docs/vllm.md "Not done yet").
 
 Tokens are not compared with a single engine: a TP-2 prefill's all-reduce rounds the
 second layer's latent differently from TP 1 (the probe: ../shared/reference/vllm-shapes-probe.md),
