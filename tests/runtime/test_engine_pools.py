@@ -65,7 +65,7 @@ def test_a_cache_of_another_block_size_is_refused_naming_both_sides():
     with pytest.raises(RegistrationMismatch) as e:
         pools_for("decode", vllm_caches(blocks=8, block_size=16))
     assert str(e.value) == (
-        "specs/vllm-llama.yaml:22:3: error: vLLM layer 0 cache holds items of [2, 16, 128] "
+        "specs/vllm-llama.yaml:30:3: error: vLLM layer 0 cache holds items of [2, 16, 128] "
         "bfloat16 = 8192 B; the spec's component 'kv' expects items of "
         "[2, 32, 2, 64] bfloat16 = 16384 B on a rank of TP 1\n"
         "  hint: the engine's model config (heads, head size, block size, dtype) and the "
