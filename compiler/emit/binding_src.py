@@ -176,8 +176,7 @@ def binding_source(spec: Spec, layout: FamilyLayout) -> str:
 
 
 def _const(spec: Spec, name: str) -> str:
-    from .layout_module import MODULE_CONSTANTS
-    from .naming import component_constants
+    from .naming import MODULE_CONSTANTS, component_constants
 
     consts, _ = component_constants(spec, MODULE_CONSTANTS)
     return consts[name]

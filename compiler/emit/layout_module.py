@@ -22,25 +22,12 @@ from ..model import Component
 from .binding_src import binding_source, serves_source
 from .context import FamilyContext, GeneratedModule
 from .header import spec_fingerprint, spec_sha256
-from .naming import component_constants
+from .naming import MODULE_CONSTANTS, component_constants
 from .pysrc import Name, comment_lines, docstring_text, py_hex32, py_str, py_value, wrap
 from .templates import render
 
 TEMPLATE = "layout.py.j2"
 
-# Module-level names of the generated module, bound to FamilyLayout fields where one exists.
-MODULE_CONSTANTS = {
-    "FAMILY": "family",
-    "SPEC_SHA256": None,
-    "FINGERPRINT": None,
-    "NUM_LAYERS": "num_layers",
-    "DRAFT_IDS": "draft_ids",
-    "DEFAULT_PAGE_SIZE": "default_page_size",
-    "LAYER_KINDS": "kind_of",
-    "COMPONENTS": "components",
-    "LAYOUT": None,
-    "BACKENDS": None,
-}
 # Scalar fields written in a form easier to read than repr().
 _FIELD_FORMAT: dict[str, Callable[[Any], str]] = {"sentinel": py_hex32}
 

@@ -59,3 +59,18 @@ def component_constants(spec: Spec, reserved: Iterable[str]) -> tuple[dict[str, 
         taken[const] = c.name
         names[c.name] = const
     return names, errors
+
+
+# Module-level names of the generated module, bound to FamilyLayout fields where one exists.
+MODULE_CONSTANTS = {
+    "FAMILY": "family",
+    "SPEC_SHA256": None,
+    "FINGERPRINT": None,
+    "NUM_LAYERS": "num_layers",
+    "DRAFT_IDS": "draft_ids",
+    "DEFAULT_PAGE_SIZE": "default_page_size",
+    "LAYER_KINDS": "kind_of",
+    "COMPONENTS": "components",
+    "LAYOUT": None,
+    "BACKENDS": None,
+}

@@ -64,6 +64,7 @@ def cmd_vllm_demo(args: argparse.Namespace) -> int:
     Exit status: 0 when every prompt is token-identical, 1 otherwise (a spec error, no vLLM
     environment, a failed prompt), 2 for a usage error.
     """
+    from pdc.serving.vllm_compare import run_comparison
     from pdc.serving.vllm_demo import run_demo
 
     bad = range_problem((("--prompts", args.prompts, 1, MAX_DEMO_PROMPTS),
@@ -86,6 +87,7 @@ def cmd_vllm_demo(args: argparse.Namespace) -> int:
     return run_demo(family, args.engine, args.prompts, args.tokens, args.seed, keep=args.keep,
                     compare=args.compare, in_flight=args.in_flight, repeat=args.repeat,
                     timeline=args.timeline, prefill_engines=args.prefill_engines,
+                    comparison=run_comparison,
                     decode_engines=args.decode_engines,
                     kill_prefill_after=args.kill_prefill_after)
 

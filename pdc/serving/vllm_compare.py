@@ -37,7 +37,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .vllm_demo import DemoError, Engine, Flow, run_alone, run_pd
+from .vllm_demo import DemoError, Engine, Flow, print_timeline, run_alone, run_pd
 
 BACKENDS = ("pdc", "nixl", "mooncake", "alone")
 LABELS = {"nixl": "vLLM NixlConnector", "mooncake": "vLLM MooncakeConnector",
@@ -197,3 +197,22 @@ def print_failures(runs: list[Run], engine_name: str, out=None) -> None:
         for e in r.errors[:5]:
             print(wrap(f"  FAILED {label(r.backend, engine_name)} (repetition {r.rep + 1}): "
                        f"{e}", indent="    "), file=out)
+
+
+def run_comparison(python, work, model, family, engine_name, prompts, ref, max_tokens, in_flight,
+             repeat, with_others, timeline, phase, out) -> int:
+    from ..console import wrap
+
+    backends = BACKENDS if with_others else ("pdc",)
+    load_before = load_average()
+    runs = compare(python, work, model, family, engine_name, prompts, ref, max_tokens,
+                     in_flight, repeat, backends, phase)
+    print_rows(rows_of(runs, engine_name, len(prompts)), out, wrap(
+        f"pdc vllm-demo: {len(prompts)} prompts, {in_flight} in flight, {repeat} "
+        f"repetition(s) interleaved; median over repetitions of each run's TTFT p50 / p99; "
+        f"load average {load_before} before, {load_average()} after"))
+    print_failures(runs, engine_name, out)
+    if timeline:
+        print_timeline([r.logs for r in runs if r.backend == "pdc"], out,
+                        f"pdc timeline ({engine_name}, every repetition)")
+    return 0 if all(not r.errors for r in runs) else 1

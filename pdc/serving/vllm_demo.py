@@ -388,7 +388,7 @@ def print_outcomes(outcomes: list[Outcome], engine_name: str, out) -> None:
                 title=f"pdc vllm-demo ({engine_name})", markup=True)
 
 
-def _print_timeline(folders: list[Path], out, title: str) -> None:
+def print_timeline(folders: list[Path], out, title: str) -> None:
     from .timeline import print_summary, read_runs, summarize
 
     rows = summarize(read_runs(folders))
@@ -396,29 +396,9 @@ def _print_timeline(folders: list[Path], out, title: str) -> None:
         print_summary(rows, out, title)
 
 
-def _compare(python, work, model, family, engine_name, prompts, ref, max_tokens, in_flight,
-             repeat, with_others, timeline, phase, out) -> int:
-    from ..console import wrap
-    from . import vllm_compare as V
-
-    backends = V.BACKENDS if with_others else ("pdc",)
-    load_before = V.load_average()
-    runs = V.compare(python, work, model, family, engine_name, prompts, ref, max_tokens,
-                     in_flight, repeat, backends, phase)
-    V.print_rows(V.rows_of(runs, engine_name, len(prompts)), out, wrap(
-        f"pdc vllm-demo: {len(prompts)} prompts, {in_flight} in flight, {repeat} "
-        f"repetition(s) interleaved; median over repetitions of each run's TTFT p50 / p99; "
-        f"load average {load_before} before, {V.load_average()} after"))
-    V.print_failures(runs, engine_name, out)
-    if timeline:
-        _print_timeline([r.logs for r in runs if r.backend == "pdc"], out,
-                        f"pdc timeline ({engine_name}, every repetition)")
-    return 0 if all(not r.errors for r in runs) else 1
-
-
 def run_demo(family: str, engine_name: str, n_prompts: int, max_tokens: int, seed: int,
              out=None, keep: bool = False, compare: bool = False, in_flight: int = 4,
-             repeat: int = 1, timeline: bool = False, prefill_engines: int = 1,
+             repeat: int = 1, timeline: bool = False, prefill_engines: int = 1, comparison=None,
              decode_engines: int = 1, kill_prefill_after: int | None = None) -> int:
     """Results on `out` (stdout), progress and errors on stderr. `compare` adds vLLM's own
     connectors and one engine alone (pdc/serving/vllm_compare.py); `repeat` runs every backend that
@@ -462,7 +442,12 @@ def run_demo(family: str, engine_name: str, n_prompts: int, max_tokens: int, see
         ref_engine.stop()
         engines.remove(ref_engine)
         if compare or repeat > 1:
-            return _compare(python, work, model, family, engine_name, prompts, ref,
+            # the command line passes pdc.serving.vllm_compare.run_comparison, which builds
+            # on this module (so this one never imports it)
+            if comparison is None:
+                raise DemoError("--compare and --repeat need the comparison runner "
+                                "(pdc.serving.vllm_compare.run_comparison)")
+            return comparison(python, work, model, family, engine_name, prompts, ref,
                             max_tokens, in_flight, repeat, compare, timeline, phase, out)
         phase("starting prefill and decode engines")
         many = prefill_engines > 1 or decode_engines > 1
@@ -516,7 +501,7 @@ def run_demo(family: str, engine_name: str, n_prompts: int, max_tokens: int, see
                    f"{time.monotonic() - t0:.0f} s in all; load average "
                    f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}"), file=out)
         if timeline:
-            _print_timeline([work], out, f"pdc timeline ({engine_name})")
+            print_timeline([work], out, f"pdc timeline ({engine_name})")
         return 0 if ok + len(excused) == n_prompts and not leaked else 1
     except DemoError as e:
         print(f"pdc vllm-demo: error: {e}", file=sys.stderr)
