@@ -76,10 +76,19 @@ DEVICE_UCX_TLS = "cuda_ipc,cuda_copy,tcp"
 _VRAM_PREFIX = b"pdc-nixl-vram:"
 
 
+# Marks a UCX_NET_DEVICES that pdc derived itself (Note [UCX device]): processes spawned
+# later inherit the environment, and a derived `lo` must not pass for a setting by hand in a
+# child that binds on another host (a network-namespace rank).
+_DERIVED_MARK = "PDC_UCX_NET_DEVICES_DERIVED"
+
+
 def _prepare_environment(device: bool = False) -> None:
+    if os.environ.get(_DERIVED_MARK) == os.environ.get("UCX_NET_DEVICES", ""):
+        os.environ.pop("UCX_NET_DEVICES", None)
     for key, value in ENV_DEFAULTS.items():
         if key == "UCX_NET_DEVICES" and key not in os.environ:
             value = net_device()
+            os.environ[_DERIVED_MARK] = value
         os.environ.setdefault(key, DEVICE_UCX_TLS if device and key == "UCX_TLS" else value)
 
 

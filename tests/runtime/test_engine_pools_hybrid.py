@@ -78,7 +78,7 @@ def test_a_state_view_whose_blocks_are_not_a_page_apart_is_refused():
     with pytest.raises(RegistrationMismatch) as e:
         pools_for("decode", tensors)
     assert str(e.value) == (
-        "specs/vllm-qwen3-next.yaml:44:3: error: tensor 'data' of layer 0 is not a run of "
+        "specs/vllm-qwen3-next.yaml:52:3: error: tensor 'data' of layer 0 is not a run of "
         "contiguous 3072 B items 81920 B apart (the spec's pitch) (byte strides [3072, 1024, "
         "2]); the spec's component 'gdn_conv' expects items of [3, 512] bfloat16 = 3072 B on "
         "a rank of TP 1\n  hint: register the engine's whole cache tensor, one item per block")

@@ -51,7 +51,8 @@ def test_demo_moves_every_byte_across_namespace_hosts(engine, prefill, decode):
 
 
 def test_nixl_pinned_to_loopback_across_hosts_names_the_fix(monkeypatch):
-    monkeypatch.setenv("UCX_NET_DEVICES", "lo")
+    monkeypatch.setenv("UCX_NET_DEVICES", "lo")  # by hand: not one pdc derived earlier
+    monkeypatch.delenv("PDC_UCX_NET_DEVICES_DERIVED", raising=False)
     code, summary, _ = _demo("nixl", "tp=1", "tp=1", requests=1)
     assert code == 1
     why = summary["errors"][0]["message"]

@@ -126,7 +126,7 @@ def test_one_spec_per_architecture_serves_every_size_token_identical(work, name,
         engines.append(dec)
         pre.wait_up()
         dec.wait_up()
-        tokens, transfers, _, errors = run_pd(pre, dec, prompts, TOKENS)
+        tokens, transfers, _, errors, _ = run_pd(pre, dec, prompts, TOKENS)
         free = pre.call({"op": "free_blocks"}), dec.call({"op": "free_blocks"})
     finally:
         for e in engines:

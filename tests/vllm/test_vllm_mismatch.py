@@ -15,6 +15,9 @@ if vllm_python() is None:
     pytest.skip(f"no vLLM environment: {HINT}", allow_module_level=True)
 
 
+@pytest.mark.xfail(strict=True, reason="vllm-llama now binds page_size from the engine, "
+                   "so every block size is one the spec describes; the test needs a bound "
+                   "mismatch instead (docs/open-questions.md)")
 def test_a_block_size_the_spec_does_not_describe_is_refused_naming_both_sides(vllm_model,
                                                                              tmp_path):
     eng = Engine(vllm_python(), tmp_path, "decode", vllm_model, "vllm-llama", "mooncake", core=1,
