@@ -121,6 +121,8 @@ def import_graph(sources: dict[str, tuple[str, bool, str]]) -> dict[str, set[str
                     base = ".".join(here[:len(here) - node.level + 1] + ([base] if base else []))
                 targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in sources else base
                            for a in node.names]
+                if node.module is None:  # `from . import x` reads x off the package itself
+                    targets.append(base)
             graph[module].update(t for t in targets if t in sources and t != module)
     return graph
 

@@ -14,9 +14,10 @@ from collections.abc import Callable, Iterable
 from ..diagnostics import Diagnostic, SpecErrors
 from ..layout import build_layout
 from ..model import Spec
-from . import kernels_module, layout_module
 from .context import FamilyContext, GeneratedModule
 from .header import generated_header
+from .kernels_module import emit as emit_kernels
+from .layout_module import emit as emit_layout
 from .naming import family_import, family_module, family_package
 from .output import OutputSet
 from .pysrc import docstring_text, wrap
@@ -37,8 +38,8 @@ ModuleEmitter = Callable[[FamilyContext], GeneratedModule]
 # One entry per generated module of every family (Note [Family modules]).
 FAMILY_MODULES: list[ModuleEmitter] = [
     package_init,
-    layout_module.emit,
-    kernels_module.emit,
+    emit_layout,
+    emit_kernels,
 ]
 
 

@@ -64,8 +64,8 @@ from sglang.srt.disaggregation.base.conn import (
 )
 from sglang.srt.disaggregation.utils import DisaggregationMode
 
-from . import faults
 from .family import RefusedModel, engine_pools, make_plan, served_family, side
+from .faults import apply as apply_faults
 
 logger = logging.getLogger(__name__)
 
@@ -359,7 +359,7 @@ class PdcKVSender(BaseKVSender):
             self.sender.abort()
             return
         last = self.pages_sent == self.num_pages
-        pages = faults.apply(self.bootstrap_room, pages, last)
+        pages = apply_faults(self.bootstrap_room, pages, last)
         prefix_pages = self.prefix_tokens // self.kv_mgr.page_size
         self.sender.send(pages, prefix_pages + start, last, self.prefix_tokens + self.tokens_sent,
                          aux_row=self.aux_index if last else -1)
