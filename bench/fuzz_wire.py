@@ -120,7 +120,7 @@ def random_message(rnd: random.Random, components) -> wire.Message:
             side=rnd.choice(list(wire.PeerSide)), dp_group=_u(rnd, 0xFFFF), rank=_rank(rnd),
             page_size=max(1, _u(rnd, 0xFFFFFFFF)), plan_digest=rnd.randbytes(32),
             agent_info=rnd.randbytes(rnd.choice((0, 16, rnd.randint(0, 2000)))),
-            control_endpoint=_text(rnd, 40), sections=_sections(rnd, components))
+            instance=_text(rnd, 40), sections=_sections(rnd, components))
     if kind == 1:
         return wire.TransferRequest(
             room=_u(rnd, (1 << 64) - 1), generation=_u(rnd, 0xFFFFFFFF), decode_rank=_rank(rnd),

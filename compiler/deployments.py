@@ -9,7 +9,10 @@ item shapes depend on it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pdc.runtime.layout_types import FamilyLayout
+from pdc.runtime.plan_types import Plan, Topology
 
 from .coverage import prove as prove_coverage
 from .diagnostics import Diagnostic, SpecErrors
@@ -37,9 +40,25 @@ def proof_bytes(layout, plan) -> int:
                for reg in plan.decode for name, entries, _ in reg.components)
 
 
-def check_deployments(spec: Spec, reparse, prove: bool) -> list[Diagnostic]:
+# (deployment index, deployment, plan): an accepted deployment at the spec's own page size,
+# the plans generated/<family>/plans.py carries (compiler/emit/plans_module.py).
+DeclaredPlan = tuple[int, Deployment, Plan]
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedDeployments:
+    diagnostics: list[Diagnostic]
+    declared: tuple[DeclaredPlan, ...]  # lowered here once; the emitter writes them
+
+
+def is_declared_page(spec: Spec, d: Deployment) -> bool:
+    return not d.expect_rejected and d.prefill.page_size in (None, spec.env.get("page_size"))
+
+
+def check_deployments(spec: Spec, reparse, prove: bool) -> CheckedDeployments:
     """`reparse(overrides)` returns the spec evaluated with param overrides."""
     out: list[Diagnostic] = []
+    declared: list[DeclaredPlan] = []
     layouts: dict[int | None, FamilyLayout] = {}
     for i, d in enumerate(spec.deployments):
         page = d.prefill.page_size
@@ -54,8 +73,6 @@ def check_deployments(spec: Spec, reparse, prove: bool) -> list[Diagnostic]:
             dside, e2 = side_from_spec(layout, d.decode, "decode")
             if e1 or e2:
                 raise SpecErrors(e1 + e2)
-            from pdc.runtime.plan_types import Topology
-
             plan = lower(layout, Topology(pside, dside, d.backend), spec.backends, d.loc)
         except SpecErrors as e:
             inner = e.diagnostics[0]  # located at the rule it breaks, when it has one
@@ -74,6 +91,8 @@ def check_deployments(spec: Spec, reparse, prove: bool) -> list[Diagnostic]:
                                   "rejected", "remove `expect: rejected`, or fix the rule that "
                                   "should reject it"))
             continue
+        if is_declared_page(spec, d):
+            declared.append((i, d, plan))
         if prove:
             checked = proof_bytes(layout, plan)
             if checked > MAX_PROOF_BYTES:
@@ -86,4 +105,4 @@ def check_deployments(spec: Spec, reparse, prove: bool) -> list[Diagnostic]:
             if problems:
                 out.append(Diagnostic(d.loc, f"{what} fails the coverage proof: {problems[0]}",
                                       "this is a lowering bug: please report it"))
-    return out
+    return CheckedDeployments(out, tuple(declared))

@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .deployments import check_deployments
+from .deployments import DeclaredPlan, check_deployments
 from .diagnostics import Diagnostic, SpecErrors
 from .emit import OutputSet, compile_specs
 from .frontend import parse_spec_text, read_spec_text
@@ -87,6 +87,7 @@ def build(paths: list[str | Path], deployments: str = "lower") -> Build:
     `deployments`: "skip", "lower" (each spec deployment is accepted or rejected as the spec
     says) or "prove" (accepted ones also pass the coverage proof)."""
     b = Build()
+    declared: dict[str, tuple[DeclaredPlan, ...]] = {}
     for path in _unique(paths):
         name = spec_display_path(path)
         text = read_spec_text(path, name)
@@ -103,16 +104,17 @@ def build(paths: list[str | Path], deployments: str = "lower") -> Build:
             continue
         b.specs.append(spec)
         if deployments != "skip":
-            found = check_deployments(
+            checked = check_deployments(
                 spec, lambda o, text=text, name=name: parse_spec_text(text, name, o),
                 prove=deployments == "prove")
-            if found:
-                b.diagnostics.extend(found)
+            declared[spec.path] = checked.declared
+            if checked.diagnostics:
+                b.diagnostics.extend(checked.diagnostics)
                 b.failed.append(name)
     # Render the specs that loaded, even when others did not, to report emit-time errors
     # (name clashes) of every spec at once; the output is kept only when all is clean.
     try:
-        output = compile_specs(b.specs)
+        output = compile_specs(b.specs, declared)
     except SpecErrors as e:
         b.diagnostics.extend(e.diagnostics)
         b.failed.extend(f for f in dict.fromkeys(d.loc.file for d in e.diagnostics)

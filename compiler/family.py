@@ -9,11 +9,13 @@ the same object here. Either way the plan comes from the one lowering in the run
 from __future__ import annotations
 
 from pdc.runtime.family import Family
-from pdc.runtime.plan_types import Plan
+from pdc.runtime.plan_types import Plan, Topology
 
+from .deployments import is_declared_page
 from .emit.header import spec_fingerprint, spec_sha256
 from .layout import build_layout
 from .model import Spec
+from .topology import side_from_spec
 
 
 def family_of(spec: Spec) -> Family:
@@ -25,3 +27,16 @@ def plan_spec(spec: Spec, prefill: str, decode: str, backend: str) -> tuple[Fami
     raises SpecErrors naming the flag or the spec rule a side breaks."""
     family = family_of(spec)
     return family, family.plan_for(prefill, decode, backend)
+
+
+def declared_as(spec: Spec, family: Family, topology: Topology) -> str:
+    """Which of the spec's deployments `topology` is, "deployment I at FILE:LINE:COL", so
+    generated/<family>/plans.py carries its plan; "" for a topology engines lower at start."""
+    for i, d in enumerate(spec.deployments):
+        if not is_declared_page(spec, d):
+            continue
+        pside, e1 = side_from_spec(family.layout, d.prefill, "prefill")
+        dside, e2 = side_from_spec(family.layout, d.decode, "decode")
+        if not (e1 or e2) and Topology(pside, dside, d.backend) == topology:
+            return f"deployment {i} at {d.loc}"
+    return ""

@@ -16,6 +16,7 @@ from pdc.runtime.layout_types import KNOWN_BACKENDS as KNOWN_BACKENDS
 from pdc.runtime.layout_types import BackendRule as BackendRule
 
 from .diagnostics import Location
+from .model_parity import Parity
 
 UINT32_MAX = 2**32 - 1
 
@@ -199,6 +200,8 @@ class Spec:
     dtypes: tuple[DtypeName, ...] = ()
     # `serves`: (engine, architectures) the integrations find the spec by; None when absent
     serves: tuple[str, tuple[str, ...]] | None = None
+    # `parity`: how `pdc parity` runs the family (Note [Parity recipe]); None when absent
+    parity: Parity | None = None
 
     @property
     def bindable(self) -> bool:

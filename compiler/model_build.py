@@ -22,6 +22,7 @@ from .model import (
     Shard,
     Spec,
 )
+from .model_parity import build_parity
 from .model_parser import LIMIT_HINT, ModelParser, draft_hint
 from .yaml_loader import Located
 
@@ -328,6 +329,11 @@ def build_spec(doc: Located, diags: Diagnostics) -> Spec | None:
             d.get("backend", "mooncake"), d.get("expect", "accepted") == "rejected",
             d.get("error", ""), doc.loc(path)))
     serves = raw.get("serves")
+    parity = None
+    if "parity" in raw:
+        parity = build_parity(doc, raw["parity"], {q.name for q in params},
+                              {d.name for d in dtypes}, {c.name: c.tensors for c in comps},
+                              diags)
     return Spec(raw["family"], params, layers, tuple(comps), constraints, backends, tuple(deps),
                 doc.path, doc.loc(()), raw.get("description", ""), raw, dtypes,
-                (serves["engine"], tuple(serves["architectures"])) if serves else None)
+                (serves["engine"], tuple(serves["architectures"])) if serves else None, parity)

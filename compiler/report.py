@@ -56,7 +56,9 @@ def link_stats(layout: FamilyLayout, link: Link, items: dict[str, int]) -> dict:
             "elected_for": list(link.elected_for)}
 
 
-def plan_report(layout: FamilyLayout, plan: Plan, tokens: int, coverage: list) -> dict:
+def plan_report(layout: FamilyLayout, plan: Plan, tokens: int, coverage: list,
+                declared: str = "") -> dict:
+    """`declared`: the spec deployment this topology is (compiler/family.py declared_as)."""
     page = plan.topology.prefill.page_size
     items = request_items(layout, tokens, page)
     return {
@@ -69,6 +71,7 @@ def plan_report(layout: FamilyLayout, plan: Plan, tokens: int, coverage: list) -
                                for r in plan.decode},
         "coverage": "proven" if not coverage else [str(p) for p in coverage],
         "plan_digest": plan.digest(),
+        "declared": declared,
     }
 
 
@@ -96,7 +99,10 @@ def report_head(report: dict) -> list[str]:
         head = f"{report['family']}: {first}\n  {arrow.strip()} {rest}"
         if max(map(len, head.splitlines())) > TABLE_COLUMNS:
             head = f"{report['family']}:\n  {first}\n  {arrow.strip()} {rest}"
-    return [head, f"request of {report['tokens']} tokens = {report['pages']} pages"]
+    declared = report.get("declared")
+    how = (f"declared: {declared}; its plan is generated (plans.py)" if declared
+           else "not declared by the spec: engines lower this plan at start")
+    return [head, f"request of {report['tokens']} tokens = {report['pages']} pages", how]
 
 
 def report_tail(report: dict) -> list[str]:

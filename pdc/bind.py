@@ -11,7 +11,19 @@ num_hidden_layers and so on, CONFIG_NAMES) disagrees with the model when the two
 and validation alone cannot see it: the spec is self-consistent, only a parity run (or a
 served request) would fail. With a config at hand every such param, the `model` dtype
 against the config's dtype, and the layer kinds against the config's per-layer
-`layer_types` are compared, and a difference is an error at the spec's line.
+`layer_types` are compared, and a difference is an error at the spec's line. A written
+`head_dim` is compared with the config's, or with hidden_size // num_attention_heads, the size
+a config without `head_dim` implies.
+
+Note [Head axes]: which state a TP engine shards is decided by the config's head counts
+(HEAD_KEYS): each rank keeps its own heads (attention KV heads, SSM and linear-attention
+value heads), and keeps whole, on every rank, what has no head axis (an MLA latent, a
+state sized by the SSM state size). So an item axis that counts a config head count, in a
+component written `tp: replicated`, is a mistake: every TP rank of the engine holds a
+different part of it, and pdc would move one rank's part as if it were all of it. The
+reverse, a component sharded on an axis that the config gives as something other than a
+head count (kv_lora_rank, state_size, conv_kernel), splits what every rank holds whole.
+Neither shows at TP 1, where a parity run passes: binding names the spec line.
 """
 
 from __future__ import annotations
@@ -30,9 +42,15 @@ CONFIG_NAMES = {
     "num_layers": ("num_hidden_layers",),
     "heads": ("num_attention_heads",),
     "kv_heads": ("num_key_value_heads",),
-    "conv_kernel": ("conv_kernel", "linear_conv_kernel_dim"),
+    "conv_kernel": ("conv_kernel", "linear_conv_kernel_dim", "mamba_d_conv"),
     "window": ("sliding_window",),
+    "d_state": ("state_size",),
+    "head_dim": ("head_dim",),
 }
+# Note [Head axes]: the config fields that count heads (or head groups) a TP engine shards.
+HEAD_KEYS = ("num_attention_heads", "num_key_value_heads", "num_heads", "n_head", "n_heads",
+             "linear_num_key_heads", "linear_num_value_heads", "mamba_n_heads", "mamba_num_heads",
+             "n_groups", "mamba_n_groups")
 
 
 @dataclass(frozen=True)
@@ -89,6 +107,9 @@ def cross_check(spec, config: dict) -> list[Diagnostic]:
                                       f"write {given}, or take it from the model: "
                                       f"`{p.name}: {{from: config.{key}, example: {p.value}}}`"))
                 break
+        else:
+            out += _implied_head_dim(p, config)
+    out += _head_axes(spec, config)
     given = config.get("dtype") or config.get("torch_dtype")
     for d in spec.dtypes:
         if d.source or d.name != "model" or not isinstance(given, str):
@@ -121,6 +142,56 @@ def cross_check(spec, config: dict) -> list[Diagnostic]:
                                           "type one kind; `layers: {from: config.layer_types, "
                                           "names: {...}}` takes them from the model"))
                     break
+    return out
+
+
+def _implied_head_dim(p, config: dict) -> list[Diagnostic]:
+    """A written head_dim against hidden_size // num_attention_heads, when the config has no
+    head_dim of its own (Note [Config cross-check])."""
+    hidden, heads = config.get("hidden_size"), config.get("num_attention_heads")
+    if p.name != "head_dim" or "head_dim" in config or not isinstance(hidden, int) \
+            or not isinstance(heads, int) or heads < 1 or hidden // heads == p.value:
+        return []
+    return [Diagnostic(p.loc, f"param 'head_dim' is {p.value}, but the config's hidden_size "
+                       f"// num_attention_heads is {hidden} // {heads} = {hidden // heads}",
+                       f"write {hidden // heads}, or take it from the model: `head_dim: "
+                       f"{{from: config.head_dim, default: hidden_size // heads}}`")]
+
+
+def _config_key(p, config: dict) -> str | None:
+    """The config field a param stands for: its `from`, else its conventional name."""
+    if p.source.startswith("config."):
+        return p.source.removeprefix("config.")
+    return next((k for k in (p.name, *CONFIG_NAMES.get(p.name, ())) if k in config), None)
+
+
+def _head_axes(spec, config: dict) -> list[Diagnostic]:
+    """Note [Head axes]."""
+    keys = {p.name: _config_key(p, config) for p in spec.params}
+    value = {p.name: config[k] if isinstance(config.get(k), int) else p.value
+             for p in spec.params if (k := keys[p.name]) is not None}
+    out = []
+    for c in spec.components:
+        texts = c.item.shape_text
+        if c.shard is None:
+            for axis, text in enumerate(texts):
+                key = keys.get(text)
+                if key in HEAD_KEYS and value[text] > 1:
+                    out.append(Diagnostic(
+                        c.item.loc, f"component '{c.name}' is replicated across TP, but its "
+                        f"axis {axis} '{text}' counts the config's {key} ({value[text]}), "
+                        "which a TP engine shards: each rank keeps its own heads",
+                        f"shard it: `tp: {{shard: {text}}}`"))
+                    break
+        elif len(c.shard.groups) == 1 and set(c.shard.units) == {1}:
+            text = texts[c.shard.axis]
+            key = keys.get(text)
+            if key is not None and key not in HEAD_KEYS:
+                out.append(Diagnostic(
+                    c.shard.loc, f"component '{c.name}' is sharded on axis {c.shard.axis} "
+                    f"'{text}', the config's {key} ({value[text]}), which counts no heads: "
+                    "a TP engine keeps it whole on every rank",
+                    "write `tp: replicated`, or shard an axis that counts heads"))
     return out
 
 

@@ -11,6 +11,7 @@ pdc/commands/common.py); importing them registers them.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -90,7 +91,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         err("pdc: error: a command is required (see pdc --help)")
         return _argv_error(None, "a command is required", argv)
-    return common.COMMANDS[args.command].run(args)
+    try:
+        return common.COMMANDS[args.command].run(args)
+    except BrokenPipeError:
+        # The reader left (`pdc plan ... | head`): no traceback, and none again at exit when
+        # Python flushes stdout into the closed pipe.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

@@ -18,6 +18,9 @@ import json
 import os
 import shutil
 import subprocess
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 CLONE_NEWNET = 0x40000000
@@ -137,3 +140,44 @@ def enter(namespace: str) -> None:
     check(libc.mount(b"none", b"/", None, MS_REC | MS_SLAVE, None), "mount --make-rslave /")
     libc.umount2(b"/sys", MNT_DETACH)  # may not be mounted at all
     check(libc.mount(namespace.encode(), b"/sys", b"sysfs", 0, None), "mount sysfs")
+
+
+def _start_zmq_at_home() -> None:
+    """Note [ZMQ threads and namespaces]: a ZMQ context connects from its I/O thread, which
+    the context starts with its first socket and which keeps the namespace of the thread that
+    started it. Were the process's shared context (zmq.Context.instance(), what the Hubs use)
+    first used inside `inside()`, every later connect of the process would leave from that
+    namespace, long gone by then. So the shared context starts here, at home, first; a call
+    that must connect from inside the namespace makes a context of its own there
+    (runtime/control.py's bootstrap_call does)."""
+    try:
+        import zmq
+    except ImportError:  # no ZMQ in this process: nothing to pin
+        return
+    zmq.Context.instance().socket(zmq.PAIR).close(0)
+
+
+@contextmanager
+def inside(namespace: str) -> Iterator[None]:
+    """The calling thread's sockets (and those of threads it starts meanwhile) live in
+    `namespace` until the block ends; then it returns to the namespace it came from. For a
+    client that talks to servers on namespace hosts from a test or demo process, which has no
+    interface on the hosts' bridge (Note [Namespace hosts]). Network namespace only: paths
+    and /sys stay the process's own."""
+    _start_zmq_at_home()
+    libc = ctypes.CDLL(None, use_errno=True)
+    home = os.open(f"/proc/self/task/{threading.get_native_id()}/ns/net", os.O_RDONLY)
+    try:
+        fd = os.open(f"/var/run/netns/{namespace}", os.O_RDONLY)
+        try:
+            if libc.setns(fd, CLONE_NEWNET) != 0:
+                raise NetnsError(f"setns for {namespace} failed: "
+                                 f"{os.strerror(ctypes.get_errno())}")
+        finally:
+            os.close(fd)
+        try:
+            yield
+        finally:
+            libc.setns(home, CLONE_NEWNET)
+    finally:
+        os.close(home)

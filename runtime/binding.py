@@ -48,7 +48,7 @@ DTYPE_ALIASES = {"float": "float32", "half": "float16", "bf16": "bfloat16", "fp1
                  "fp32": "float32", "fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn",
                  "fp8_e5m2": "float8_e5m2"}
 SOURCES = ("config", "engine")
-ENGINE_KEYS = ("page_size", "kv_dtype")
+ENGINE_KEYS = ("page_size", "kv_dtype", "ssm_dtype")
 
 
 @dataclass(frozen=True, slots=True)
@@ -464,7 +464,7 @@ class Bound:
 
 def bind(t: Template, config: Mapping | None, engine: Mapping | None) -> Bound:
     """Bind `t` to a model's config (its config.json as a mapping) and the engine's settings
-    (`page_size`, `kv_dtype`); raises BindError naming every rule they break."""
+    (`page_size`, `kv_dtype`, `ssm_dtype`); raises BindError naming every rule they break."""
     b = _Binder(t, config or {}, engine or {})
     layout, params, dtypes = b.run()
     digest = binding_digest(t.spec_sha256, params, dtypes)

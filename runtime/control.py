@@ -240,9 +240,14 @@ def _op(req: bytes) -> str:
         return ""
 
 
-def bootstrap_call(address: str, request: dict, timeout_s: float) -> dict:
+def bootstrap_call(address: str, request: dict, timeout_s: float,
+                   ctx: zmq.Context | None = None) -> dict:
     key = _key(None, "")
-    ctx: zmq.Context = zmq.Context.instance()
+    # A context of its own unless the caller lends one, so the call connects from its caller's
+    # namespace (Note [ZMQ threads and namespaces], pdc/netns.py); a call at setup can afford
+    # the thread, and a polling caller (fetch_table) makes one context for all its calls.
+    own = ctx is None
+    ctx = zmq.Context(io_threads=1) if ctx is None else ctx
     sock = ctx.socket(zmq.REQ)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVTIMEO, int(timeout_s * 1000))
@@ -278,6 +283,8 @@ def bootstrap_call(address: str, request: dict, timeout_s: float) -> dict:
                                   HostSettings.from_knobs().advertise)) from None
     finally:
         sock.close(0)
+        if own:
+            ctx.term()
     if "error" in reply:
         raise ControlError(f"bootstrap server {address}: {reply['error']}")
     return reply
@@ -303,14 +310,20 @@ def _rank_key(key: str) -> tuple[int, int, int]:
 def fetch_table(address: str, timeout_s: float) -> dict[tuple[int, int, int], str]:
     """Wait until every prefill rank has registered, then return the table."""
     deadline = time.monotonic() + timeout_s
-    while True:
-        reply = bootstrap_call(address, {"op": "get"}, max(0.1, deadline - time.monotonic()))
-        if reply["ready"]:
-            return {_rank_key(k): v for k, v in reply["table"].items()}
-        if time.monotonic() > deadline:
-            raise ControlError(f"bootstrap table at {address} incomplete after {timeout_s} s: "
-                               f"{len(reply['table'])} prefill ranks registered")
-        time.sleep(0.02)
+    ctx = zmq.Context(io_threads=1)  # one for the whole poll (Note [ZMQ threads and namespaces])
+    try:
+        while True:
+            reply = bootstrap_call(address, {"op": "get"},
+                                   max(0.1, deadline - time.monotonic()), ctx)
+            if reply["ready"]:
+                return {_rank_key(k): v for k, v in reply["table"].items()}
+            if time.monotonic() > deadline:
+                raise ControlError(f"bootstrap table at {address} incomplete after "
+                                   f"{timeout_s} s: {len(reply['table'])} prefill ranks "
+                                   "registered")
+            time.sleep(0.02)
+    finally:
+        ctx.term()
 
 
 class Hub:

@@ -22,7 +22,8 @@ def pow2_alignment(*values, limit: int = 16) -> int:
     g = 0
     for v in values:
         if isinstance(v, np.ndarray):
-            g |= int(np.bitwise_or.reduce(v.astype(np.uint64).ravel(), initial=np.uint64(0)))
+            g |= int(np.bitwise_or.reduce(v.astype(np.uint64, copy=False).ravel(),
+                                               initial=np.uint64(0)))
         else:
             g |= int(v)
     return limit if g == 0 else min(limit, g & -g)

@@ -19,7 +19,9 @@ from .indices import (
     check_capacity,
     chunk_page_pairs,
     contiguous_runs,
+    pair_key,
     ring_pairs,
+    slot_ids,
     window_pairs,
 )
 from .layout_types import FamilyLayout
@@ -70,9 +72,10 @@ class Descriptors:
 
 
 def component_pairs(layout: FamilyLayout, chunk: PrefillChunk, target: DecodeTarget,
-                    page_size: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """(source ids, destination ids) of every component for one chunk."""
-    out = {}
+                    page_size: int) -> dict:
+    """(source ids, destination ids) of every component for one chunk, by component name
+    (by (name, layer) for a slot component with a slot per layer: pair_key)."""
+    out: dict = {}
     pages: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # by prefix pages skipped
     for c in layout.components:
         if c.index == "page":
@@ -86,7 +89,7 @@ def component_pairs(layout: FamilyLayout, chunk: PrefillChunk, target: DecodeTar
         elif c.index == "window":
             out[c.name] = window_pairs(chunk, target, c.window_tokens, page_size)
         elif c.index == "slot":
-            out[c.name] = _single(chunk.slot, target.slot, c.name, "slot")
+            out.update(slot_pairs(c.name, c.layer_ids, chunk, target))
         elif c.index == "aux":
             out[c.name] = _single(chunk.aux_row, target.aux_row, c.name, "aux row")
         elif c.index == "ring":
@@ -97,6 +100,20 @@ def component_pairs(layout: FamilyLayout, chunk: PrefillChunk, target: DecodeTar
     return out
 
 
+def slot_pairs(comp: str, layers: tuple[int, ...], chunk: PrefillChunk,
+               target: DecodeTarget) -> dict:
+    """A slot component's (source, destination) ids: under the component's name when both
+    sides keep the request's state in one slot, else under (name, layer) for each layer
+    (Note [Layer slots] in indices.py)."""
+    src = slot_ids(chunk.slot, chunk.layer_slots, layers)
+    dst = slot_ids(target.slot, target.layer_slots, layers)
+    if isinstance(src, int) and isinstance(dst, int):
+        return {comp: _single(src, dst, comp, "slot")}
+    return {(comp, i): _single(src if isinstance(src, int) else src[i],
+                               dst if isinstance(dst, int) else dst[i], comp,
+                               f"slot for layer {i}") for i in layers}
+
+
 def _single(src: int, dst: int, comp: str, what: str):
     if src < 0 or dst < 0:
         raise IndexError_(f"component '{comp}' needs a {what} on both sides (prefill {src}, "
@@ -104,9 +121,109 @@ def _single(src: int, dst: int, comp: str, what: str):
     return np.array([src], np.int64), np.array([dst], np.int64)
 
 
+def _entry_error(e, remote: dict[str, list[RemoteBuffer]]) -> str:
+    """Why the peer's registration cannot take entry `e` of the plan ("" if it can)."""
+    try:
+        rb = remote[e.component][e.dst_pos]
+    except (KeyError, IndexError):
+        return f"peer registered no entry {e.dst_pos} for component '{e.component}'"
+    if rb.layer_id != e.layer_id or rb.item_bytes != e.dst_item_bytes:
+        return (f"peer entry {e.dst_pos} of '{e.component}' is layer {rb.layer_id} with "
+                f"{rb.item_bytes} B items; the plan expects layer {e.layer_id} with "
+                f"{e.dst_item_bytes} B")
+    return ""
+
+
+@dataclass(frozen=True)
+class _WholeGroup:
+    """The whole-item entries of one component on a link: base addresses on both sides."""
+
+    component: str
+    src_bases: np.ndarray  # int64 [entries, 1]
+    dst_bases: np.ndarray
+    local: LocalBuffer  # the first entry's buffers: capacity and stride of the component
+    remote: RemoteBuffer | None
+    error: str  # the first entry the peer's registration cannot take, or ""
+
+
+@dataclass(frozen=True)
+class DescriptorTemplate:
+    """Note [Descriptor templates]: what `build_descriptors` derives from the link and the two
+    sides' registrations alone (the loop over the plan's entries: buffer lookups, the
+    peer-registration checks, base addresses), computed once per (link, peer incarnation,
+    whole_only). A chunk then costs one broadcast per component instead of a Python loop over
+    the link's 160 Llama entries (about 0.5 ms per request on the H200 box's CPU, section (p)
+    of BENCHMARKS.md). The descriptors are the same, in the same order, as
+    `build_descriptors` gives; chunks limited to some layers (streaming) and per-layer slot
+    ids (Note [Layer slots]) take `build_descriptors` itself."""
+
+    link: Link
+    local: dict[str, list[LocalBuffer]]
+    remote: dict[str, list[RemoteBuffer]]
+    whole_only: bool
+    partial: bool  # the link has partial entries this template would move: not templated
+    groups: tuple[_WholeGroup, ...]
+
+    @staticmethod
+    def of(link: Link, local: dict[str, list[LocalBuffer]],
+           remote: dict[str, list[RemoteBuffer]], whole_only: bool = False
+           ) -> DescriptorTemplate:
+        bases: dict[str, tuple[list[int], list[int], LocalBuffer, RemoteBuffer | None, str]] = {}
+        partial = False
+        for e in link.entries:
+            if not e.whole_item:
+                partial |= not whole_only
+                continue
+            lb = local[e.component][e.src_pos]
+            why = _entry_error(e, remote)
+            rb = None if why else remote[e.component][e.dst_pos]
+            g = bases.setdefault(e.component, ([], [], lb, rb, why))
+            if why and not g[4]:
+                g = bases[e.component] = (g[0], g[1], g[2], g[3], why)
+            g[0].append(lb.base)
+            g[1].append(rb.base if rb is not None else 0)
+        groups = tuple(_WholeGroup(c, np.asarray(s, np.int64)[:, None],
+                                   np.asarray(d, np.int64)[:, None], lb, rb, why)
+                       for c, (s, d, lb, rb, why) in bases.items())
+        return DescriptorTemplate(link, local, remote, whole_only, partial, groups)
+
+    def build(self, pairs: dict, layers: set[int] | None = None) -> Descriptors:
+        """`build_descriptors(link, local, remote, pairs, layers, whole_only)`, faster."""
+        if layers is not None or self.partial or any(isinstance(k, tuple) for k in pairs):
+            return build_descriptors(self.link, self.local, self.remote, pairs, layers,
+                                     self.whole_only)
+        srcs, dsts, lens = [], [], []
+        for g in self.groups:
+            ids = pairs.get(g.component)
+            if ids is None or len(ids[0]) == 0:
+                continue
+            if g.error:
+                raise IndexError_(g.error)
+            assert g.remote is not None  # set whenever error is ""
+            src_ids, dst_ids = ids
+            check_capacity(src_ids, g.local.capacity, f"prefill '{g.component}'")
+            check_capacity(dst_ids, g.remote.capacity, f"decode '{g.component}'")
+            ss, ds, n = contiguous_runs(src_ids, dst_ids)
+            lb, rb = g.local, g.remote
+            if (lb.stride != lb.item_bytes or rb.stride != rb.item_bytes) and len(n) and \
+                    int(n.max()) > 1:
+                raise IndexError_(f"component '{g.component}' has pitched items but moves a run "
+                                  f"of {int(n.max())}; only one item per request may be pitched")
+            srcs.append((g.src_bases + (ss * lb.stride)[None, :]).reshape(-1))
+            dsts.append((g.dst_bases + (ds * rb.stride)[None, :]).reshape(-1))
+            lens.append(np.broadcast_to(n * lb.item_bytes, (len(g.src_bases), len(n))).reshape(-1))
+        if not srcs:
+            empty = np.zeros(0, np.uint64)
+            return Descriptors(empty, empty.copy(), empty.copy())
+        # int64 -> uint64 as views: addresses and lengths are non-negative
+        return Descriptors(np.concatenate(srcs).view(np.uint64),
+                           np.concatenate(dsts).view(np.uint64),
+                           np.concatenate(lens).astype(np.int64, copy=False).view(np.uint64))
+
+
 def build_descriptors(link: Link, local: dict[str, list[LocalBuffer]],
                       remote: dict[str, list[RemoteBuffer]],
-                      pairs: dict[str, tuple[np.ndarray, np.ndarray]],
+                      pairs: dict,
                       layers: set[int] | None = None, whole_only: bool = False) -> Descriptors:
     """Descriptors of `link` for one chunk; `layers` limits them to finished layers, and
     `whole_only` leaves out partial entries (the staged path moves those).
@@ -119,31 +236,27 @@ def build_descriptors(link: Link, local: dict[str, list[LocalBuffer]],
     runs_cache: dict[str, tuple] = {}
     whole: dict[str, tuple[list[int], list[int], LocalBuffer, RemoteBuffer]] = {}
     for e in link.entries:
-        if e.component not in pairs:
+        key = pair_key(pairs, e.component, e.layer_id)
+        if key is None:
             continue
         if layers is not None and e.layer_id not in layers:
             continue
         if whole_only and not e.whole_item:
             continue
-        src_ids, dst_ids = pairs[e.component]
+        src_ids, dst_ids = pairs[key]
         if len(src_ids) == 0:
             continue
         lb = local[e.component][e.src_pos]
-        try:
-            rb = remote[e.component][e.dst_pos]
-        except (KeyError, IndexError):
-            raise IndexError_(f"peer registered no entry {e.dst_pos} for component "
-                              f"'{e.component}'") from None
-        if rb.layer_id != e.layer_id or rb.item_bytes != e.dst_item_bytes:
-            raise IndexError_(f"peer entry {e.dst_pos} of '{e.component}' is layer "
-                              f"{rb.layer_id} with {rb.item_bytes} B items; the plan expects "
-                              f"layer {e.layer_id} with {e.dst_item_bytes} B")
-        if e.component not in runs_cache:
+        why = _entry_error(e, remote)
+        if why:
+            raise IndexError_(why)
+        rb = remote[e.component][e.dst_pos]
+        if key not in runs_cache:
             check_capacity(src_ids, lb.capacity, f"prefill '{e.component}'")
             check_capacity(dst_ids, rb.capacity, f"decode '{e.component}'")
-            runs_cache[e.component] = contiguous_runs(src_ids, dst_ids)
+            runs_cache[key] = contiguous_runs(src_ids, dst_ids)
         if e.whole_item:
-            group = whole.setdefault(e.component, ([], [], lb, rb))
+            group = whole.setdefault(key, ([], [], lb, rb))
             group[0].append(lb.base)
             group[1].append(rb.base)
             continue
@@ -158,6 +271,7 @@ def build_descriptors(link: Link, local: dict[str, list[LocalBuffer]],
             lens.append(np.full(len(src_ids) * seg.repeat, seg.nbytes, np.int64))
     for comp, (s_bases, d_bases, lb, rb) in whole.items():
         ss, ds, n = runs_cache[comp]
+        comp = comp if isinstance(comp, str) else comp[0]
         if (lb.stride != lb.item_bytes or rb.stride != rb.item_bytes) and len(n) and \
                 int(n.max()) > 1:
             # Only slot state has a pitch (Note [Item pitch]): one item per request.

@@ -15,6 +15,7 @@ through the Triton interpreter, which is how the tests run it.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 
 import numpy as np
 import torch
@@ -75,6 +76,23 @@ def split(nbytes: np.ndarray, copy_engine_bytes: int = COPY_ENGINE_BYTES):
     return np.flatnonzero(~big), np.flatnonzero(big)
 
 
+# Note [Descriptor-copy graphs]: Triton's Python launcher costs 150-220 µs of host time per
+# launch on the H200 box (BENCHMARKS.md (m)), more than the rest of a direct-path submit. A
+# launch of the same shape (descriptor count, alignment, grid) on the same stream as an earlier
+# one therefore replays a CUDA graph captured from it: the new table is copied into that
+# graph's own device buffer and the graph replayed. Both go on the launching stream, so an
+# earlier replay has read the buffer before the copy overwrites it. A shape's first launch runs
+# through Triton (compiling the kernel if needed); its second is captured after it runs, so a
+# shape seen once (a one-off request length) costs no capture. Graphs are kept per (device,
+# stream, shape), the least recently used dropped beyond GRAPH_CACHE; the
+# `descriptor_copy_graphs` knob (0) turns them off.
+GRAPH_CACHE = 32
+_graphs: OrderedDict[tuple, tuple[torch.Tensor, torch.cuda.CUDAGraph]] = OrderedDict()
+_seen: OrderedDict[tuple, None] = OrderedDict()  # shapes launched once, not captured yet
+_GRAPH_LOCK = threading.Lock()
+graph_stats: dict = {"captured": 0, "replayed": 0}  # tests and the benches read it
+
+
 def launch(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray, device: torch.device) -> None:
     """Copies every descriptor on `device`'s current stream (queued, not waited for).
 
@@ -87,23 +105,85 @@ def launch(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray, device: torch.d
     align = pow2_alignment(src, dst, nbytes)
     word = min(align, 4)
     vec = align // word
-    vecs = (nbytes // np.uint64(align)).astype(np.int64)
-    host = torch.from_numpy(np.concatenate((src.astype(np.int64), dst.astype(np.int64), vecs)))
     gpu = device.type == "cuda"
+    # The table is written straight into (pinned, on a GPU) host memory: one pass per row,
+    # no intermediate arrays (81,920 descriptors for a direct-path 8K Llama-70B request).
+    # torch's pinned-memory cache keeps the block until the copy below has read it.
+    host = torch.empty(3 * n, dtype=torch.int64, pin_memory=gpu)
+    rows = host.numpy().view(np.uint64).reshape(3, n)
+    rows[0] = src
+    rows[1] = dst
+    np.floor_divide(nbytes, np.uint64(align), out=rows[2], casting="unsafe")
     if gpu:
-        table = host.pin_memory().to(device, non_blocking=True)
         block_bytes, iters, warps = 1 << 14, 2, 8
     else:
-        table, block_bytes, iters, warps = host, 1 << 16, 64, 1
+        block_bytes, iters, warps = 1 << 16, 64, 1
     block = max(1, block_bytes // word)
     max_words = int(nbytes.max()) // word
     chunks = -(-max_words // (block * iters))
-    anchor = table.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[word])
     grid = (chunks, min(n, _MAX_GRID_Y))
-    if gpu:
-        with torch.cuda.device(device):
-            _kernel(device)[grid](table, anchor, n, ALIGN=align, VEC=vec, BLOCK=block,
-                                  ITERS=iters, num_warps=warps)
+    meta = {"ALIGN": align, "VEC": vec, "BLOCK": block, "ITERS": iters}
+    if not gpu:
+        anchor = host.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[word])
+        with _INTERPRETER_LOCK:
+            _kernel(device)[grid](host, anchor, n, **meta)
         return
-    with _INTERPRETER_LOCK:
-        _kernel(device)[grid](table, anchor, n, ALIGN=align, VEC=vec, BLOCK=block, ITERS=iters)
+    with torch.cuda.device(device):
+        _launch_cuda(host, n, word, grid, meta, warps, device)
+
+
+def _launch_cuda(host: torch.Tensor, n: int, word: int, grid, meta: dict, warps: int,
+                 device: torch.device) -> None:
+    from . import knobs
+
+    stream = torch.cuda.current_stream(device)
+    key = (device.index, stream.cuda_stream, n, word, grid, tuple(meta.values()))
+    use_graphs = bool(knobs.get("descriptor_copy_graphs"))
+    got, capture = None, False
+    if use_graphs:
+        with _GRAPH_LOCK:
+            got = _graphs.get(key)
+            if got is not None:
+                _graphs.move_to_end(key)
+            elif key in _seen:
+                del _seen[key]
+                capture = True
+            else:
+                _seen[key] = None
+                while len(_seen) > GRAPH_CACHE:
+                    _seen.popitem(last=False)
+    if got is not None:
+        table, graph = got
+        table.copy_(host, non_blocking=True)
+        graph.replay()
+        graph_stats["replayed"] += 1
+        return
+    table = host.to(device, non_blocking=True)
+    anchor = table.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[word])
+    _compiled[grid](table, anchor, n, **meta, num_warps=warps)
+    if not capture:
+        return
+    # Capture on a side stream (a stream being captured may not be the legacy default), after
+    # the launch above compiled the kernel; the capture itself runs nothing.
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream(device)
+    side.wait_stream(stream)
+    try:
+        with torch.cuda.stream(side):
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                _compiled[grid](table, anchor, n, **meta, num_warps=warps)
+            finally:
+                graph.capture_end()
+    except Exception as exc:  # noqa: BLE001 - a capture that fails costs only the graph
+        # The launch above is queued either way; this shape keeps Triton's launcher.
+        graph_stats["capture_errors"] = graph_stats.get("capture_errors", 0) + 1
+        graph_stats["last_capture_error"] = repr(exc)
+        return
+    finally:
+        stream.wait_stream(side)
+    with _GRAPH_LOCK:
+        _graphs[key] = (table, graph)  # the table buffer is the graph's from now on
+        graph_stats["captured"] += 1
+        while len(_graphs) > GRAPH_CACHE:
+            _graphs.popitem(last=False)

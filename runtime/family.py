@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
 
+from . import plan_codec
 from . import wire as _wire
 from .binding import Bound, Template
 from .binding import bind as _bind
@@ -46,6 +47,10 @@ class Family:
     template: Template | None = field(default=None, compare=False, repr=False)
     serves: tuple[str, tuple[str, ...]] | None = field(default=None, compare=False)
     bound: Bound | None = field(default=None, compare=False, repr=False)
+    # The spec's declared deployments, lowered by `pdc compile` (generated/<family>/plans.py,
+    # Note [Compact plans] in runtime/plan_codec.py): topology -> compact plan. A bound family
+    # has none: its declared plans were lowered at the spec's example values.
+    declared: Mapping[Topology, dict] = field(default_factory=dict, compare=False, repr=False)
     # What the wire decoder checks Register sections against, in spec order.
     wire_components: tuple[WireComponent, ...] = field(init=False, repr=False, compare=False)
 
@@ -78,12 +83,21 @@ class Family:
                 raise
             raise FamilyNotFound(f"generated/{py_name}/layout.py is missing; run `pdc "
                                  "compile` on the family's spec") from None
-        return cls.from_module(module)
+        try:
+            plans = importlib.import_module(f"pdc.generated.{py_name}.plans")
+        except ModuleNotFoundError as e:
+            if e.name != f"pdc.generated.{py_name}.plans":
+                raise
+            plans = None  # the spec declares no deployment
+        return cls.from_module(module, plans)
 
     @classmethod
-    def from_module(cls, module: ModuleType) -> Family:
+    def from_module(cls, module: ModuleType, plans: ModuleType | None = None) -> Family:
+        declared = {plan_codec.topology_of(data): data
+                    for _, data in getattr(plans, "PLANS", ())}
         return cls(module.LAYOUT, module.SPEC_SHA256, module.FINGERPRINT, module.BACKENDS,
-                   getattr(module, "TEMPLATE", None), getattr(module, "SERVES", None))
+                   getattr(module, "TEMPLATE", None), getattr(module, "SERVES", None),
+                   declared=declared)
 
     # ~~~ binding ~~~
 
@@ -112,9 +126,17 @@ class Family:
         return topo
 
     def plan(self, topology: Topology, loc: Location | None = None) -> Plan:
-        """The plan for `topology`, or SpecErrors naming every rule it breaks (the backend
-        matrix with its spec line, page sizes, TP divisibility)."""
+        """The plan for `topology`: a declared deployment's plan as `pdc compile` lowered it,
+        else lowered now; SpecErrors names every rule it breaks (the backend matrix with its
+        spec line, page sizes, TP divisibility)."""
+        data = self.declared.get(topology)
+        if data is not None:
+            return plan_codec.decode(data)
         return lower(self.layout, topology, self.backends, loc)
+
+    def is_declared(self, topology: Topology) -> bool:
+        """Whether `plan(topology)` loads a plan `pdc compile` made (no lowering at start)."""
+        return topology in self.declared
 
     def plan_for(self, prefill: str, decode: str, backend: str) -> Plan:
         return self.plan(self.topology(prefill, decode, backend))

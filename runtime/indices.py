@@ -32,6 +32,9 @@ class PrefillChunk:
     ring_slot: int = -1  # req_pool_idx for ring state, last chunk only
     aux_row: int = -1  # metadata row, last chunk only
     window_page_ids: np.ndarray | None = None  # window pool ids, positions window_first..
+    # Note [Layer slots]: (layer id, slot) of every layer whose slot differs per layer; empty:
+    # every slot component of every layer uses `slot`. Last chunk only.
+    layer_slots: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,37 @@ class DecodeTarget:
     ring_slot: int = -1
     aux_row: int = -1
     window_page_ids: np.ndarray | None = None
+    layer_slots: tuple[tuple[int, int], ...] = ()  # Note [Layer slots]
+
+
+def slot_ids(slot: int, layer_slots: tuple[tuple[int, int], ...],
+             layers: tuple[int, ...]) -> dict[int, int] | int:
+    """Note [Layer slots]: a request's state usually sits in one slot for every layer (one
+    mamba slot per request, SGLang's and vLLM's 1:1 hybrids). An engine may instead give the
+    state layers of a request several slots: vLLM's hybrid cache manager gives a model with 3
+    GDN layers per attention layer 3 state groups, each with its own block per request, and
+    layer i's state lives in the block of its group. A request then names a slot per layer
+    (`layer_slots`, on the wire as TransferRequest.layer_slots), and the data path pairs a
+    slot component's items layer by layer. Returns `slot` when the request names no layer
+    slots, else the slot of each of `layers` (a component's layer ids); a layer it does not
+    name raises."""
+    if not layer_slots:
+        return slot
+    given = dict(layer_slots)
+    missing = [i for i in layers if i not in given]
+    if missing:
+        raise IndexError_(f"the request names slots for layers {sorted(given)} but not for "
+                          f"layer {missing[0]}")
+    return {i: given[i] for i in layers}
+
+
+def pair_key(pairs: dict, comp: str, layer: int):
+    """The key of `pairs` (component ids by component) that holds component `comp`'s ids at
+    `layer`: (comp, layer) for a slot component with a slot per layer (Note [Layer slots]),
+    else comp; None if neither."""
+    if (comp, layer) in pairs:
+        return comp, layer
+    return comp if comp in pairs else None
 
 
 def pages_of(tokens: int, page_size: int) -> int:

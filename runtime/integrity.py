@@ -30,7 +30,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .indices import DecodeTarget, IndexError_
+from .indices import DecodeTarget, IndexError_, pair_key, slot_ids
 from .layout_types import FamilyLayout
 from .plan_types import Link, LinkEntry
 
@@ -89,15 +89,16 @@ def _request_key(room: int, generation: int) -> np.uint64:
 
 
 def link_digest(room: int, generation: int, link: Link, views: Views,
-                pairs: dict[str, tuple[np.ndarray, np.ndarray]], side: str) -> int:
+                pairs: dict, side: str) -> int:
     """Digest of what `link` moves for `pairs` (component -> (source ids, destination ids)),
     read from the source items (`side="src"`, prefill) or the destination items (`"dst"`)."""
     key = _request_key(room, generation)
     total = np.zeros(1, np.uint64)
     for k, e in enumerate(link.entries):
-        if e.component not in pairs:
+        at = pair_key(pairs, e.component, e.layer_id)
+        if at is None:
             continue
-        src_ids, dst_ids = pairs[e.component]
+        src_ids, dst_ids = pairs[at]
         if len(dst_ids) == 0:
             continue
         ids = np.asarray(src_ids if side == "src" else dst_ids, np.int64)
@@ -117,15 +118,14 @@ def add(a: int, b: int) -> int:
 
 
 def destination_pairs(layout: FamilyLayout, target: DecodeTarget, page_size: int,
-                      last_start: int, last_count: int) -> dict[str, tuple[np.ndarray,
-                                                                         np.ndarray]]:
+                      last_start: int, last_count: int) -> dict:
     """Destination ids of every component a whole request writes, as decode knows them
     (Note [Link digest]); both halves of each pair are the destination ids."""
     end = last_start + last_count
     if end > len(target.page_ids):
         raise IndexError_(f"prefill reports pages up to position {end}, decode allocated "
                           f"{len(target.page_ids)}")
-    out = {}
+    out: dict = {}
     for c in layout.components:
         if c.index == "page":
             prefix = c.prefix_pages(target.prefix_len, page_size)
@@ -135,6 +135,13 @@ def destination_pairs(layout: FamilyLayout, target: DecodeTarget, page_size: int
         elif c.index == "window":
             ids = np.asarray(target.window_page_ids if target.window_page_ids is not None
                              else [], np.int64)
+        elif c.index == "slot" and target.layer_slots:
+            slots = slot_ids(target.slot, target.layer_slots, c.layer_ids)
+            for i in c.layer_ids:  # Note [Layer slots]: keyed as datapath.slot_pairs keys
+                s = slots if isinstance(slots, int) else slots[i]
+                one = np.array([s] if s >= 0 else [], np.int64)
+                out[(c.name, i)] = (one, one)
+            continue
         elif c.index == "slot":
             ids = np.array([target.slot] if target.slot >= 0 else [], np.int64)
         elif c.index == "aux":

@@ -93,6 +93,10 @@ KNOBS = {k.name: k for k in (
     Knob("staged_min_descriptors", 1024, "descriptors", "decode stages a request's partial "
          "entries (head slices, sub-blocks) from one prefill rank when the direct path would "
          "need more descriptors than this for them; 0 stages every partial entry"),
+    Knob("descriptor_copy_graphs", 1, "0/1", "1: a descriptor-copy launch of a shape already "
+         "seen on the same stream replays a CUDA graph instead of Triton's launcher (Note "
+         "[Descriptor-copy graphs] in runtime/descriptor_copy.py); 0: every launch through "
+         "Triton"),
     Knob("staging_copies", "auto", "auto/torch/kernels", "how the staged path copies on "
          "device pools (pools.TensorPools): kernels = one copy-kernel launch per component "
          "and run of items, torch = one indexing op per staging block; auto = kernels on "

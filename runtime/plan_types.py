@@ -163,14 +163,42 @@ class Plan:
     # ~~~ serialisation ~~~
 
     def to_json(self) -> str:
-        d = asdict(self)
-        d.pop("_index")
-        if not d["bound"]:
-            d.pop("bound")
+        # Written out by hand: dataclasses.asdict deep-copies every field and took 150 ms for
+        # a 2576-entry plan; the keys and values are the same, so the JSON (and the digest
+        # both sides of a handshake compare) is too.
+        def seg(s: Segment) -> dict:
+            return {"src_offset": s.src_offset, "dst_offset": s.dst_offset, "nbytes": s.nbytes,
+                    "repeat": s.repeat, "src_stride": s.src_stride, "dst_stride": s.dst_stride}
+
+        def entry(e: LinkEntry) -> dict:
+            return {"component": e.component, "tensor": e.tensor, "layer_id": e.layer_id,
+                    "src_pos": e.src_pos, "dst_pos": e.dst_pos,
+                    "src_item_bytes": e.src_item_bytes, "dst_item_bytes": e.dst_item_bytes,
+                    "segments": [seg(s) for s in e.segments]}
+
+        def rank(r: RankId) -> dict:
+            return {"pp": r.pp, "tp": r.tp}
+
+        def reg(r: Registration) -> dict:
+            return {"rank": rank(r.rank), "components": r.components}
+
+        d = {"family": self.family, "topology": asdict(self.topology),
+             "prefill": [reg(r) for r in self.prefill],
+             "decode": [reg(r) for r in self.decode],
+             "links": [{"prefill": rank(lk.prefill), "decode": rank(lk.decode),
+                        "entries": [entry(e) for e in lk.entries],
+                        "elected_for": lk.elected_for} for lk in self.links],
+             "dtypes": self.dtypes}
+        if self.bound:
+            d["bound"] = self.bound
         return json.dumps(d, sort_keys=True, separators=(",", ":"))
 
     def digest(self) -> str:
-        return hashlib.sha256(self.to_json().encode()).hexdigest()
+        # A plan is immutable: its digest is computed once (the handshake asks for it often).
+        cached = self._index.get("digest")
+        if cached is None:
+            cached = self._index["digest"] = hashlib.sha256(self.to_json().encode()).hexdigest()
+        return cached
 
     @staticmethod
     def from_json(text: str) -> Plan:

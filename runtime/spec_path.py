@@ -66,8 +66,11 @@ def _families_under(root: Path, key: str) -> list[Family]:
     """Every generated family package directly under `root` (`<py_name>/layout.py`)."""
     out = []
     for layout in sorted(root.glob("*/layout.py")):
-        out.append(Family.from_module(_load_layout(layout, f"pdc_user_{key}_{layout.parent.name}"
-                                                           ".layout")))
+        name = f"pdc_user_{key}_{layout.parent.name}"
+        plans = layout.with_name("plans.py")  # the spec's declared deployments, if any
+        out.append(Family.from_module(_load_layout(layout, f"{name}.layout"),
+                                      _load_layout(plans, f"{name}.plans")
+                                      if plans.exists() else None))
     return out
 
 

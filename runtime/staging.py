@@ -110,6 +110,7 @@ def chunk_positions(layout: FamilyLayout, chunk: PrefillChunk, target: DecodeTar
                            np.int64)
             out[c.name] = (w, np.arange(len(w), dtype=np.int64))
         elif c.index == "slot":
+            _one_slot(chunk.layer_slots, c.name)
             out[c.name] = (np.array([chunk.slot], np.int64), np.zeros(1, np.int64))
         elif c.index == "aux":
             out[c.name] = (np.array([chunk.aux_row], np.int64), np.zeros(1, np.int64))
@@ -118,6 +119,15 @@ def chunk_positions(layout: FamilyLayout, chunk: PrefillChunk, target: DecodeTar
             out[c.name] = (chunk.ring_slot * r + np.arange(r, dtype=np.int64),
                            np.arange(r, dtype=np.int64))
     return out
+
+
+def _one_slot(layer_slots, comp: str) -> None:
+    """The staged path packs one slot item per slot component; a request with a slot per
+    layer (Note [Layer slots]) takes the direct path."""
+    if layer_slots:
+        raise IndexError_(f"component '{comp}': the staged path moves one slot per request, "
+                          f"this request names a slot per layer; use the direct path "
+                          f"(staging off)")
 
 
 def target_ids(layout: FamilyLayout, target: DecodeTarget, page_size: int) -> dict[str, np.ndarray]:
@@ -130,6 +140,7 @@ def target_ids(layout: FamilyLayout, target: DecodeTarget, page_size: int) -> di
         elif c.index == "window":
             out[c.name] = np.asarray(target.window_page_ids, np.int64)
         elif c.index == "slot":
+            _one_slot(target.layer_slots, c.name)
             out[c.name] = np.array([target.slot], np.int64)
         elif c.index == "aux":
             out[c.name] = np.array([target.aux_row], np.int64)

@@ -21,7 +21,7 @@ from .wire_messages import (
     HEADER_BYTES,
     MAX_AGENT_INFO_BYTES,
     MAX_BODY_BYTES,
-    MAX_ENDPOINT_BYTES,
+    MAX_INSTANCE_BYTES,
     MAX_PAGE_IDS,
     MAX_REASON_BYTES,
     PLAN_DIGEST_BYTES,
@@ -245,7 +245,7 @@ def _write_register(w: Writer, m: Register, components: Sequence[WireComponent])
     w.u32("Register.page_size", m.page_size)
     w.raw("Register.plan_digest", m.plan_digest)
     w.blob("Register.agent_info", m.agent_info)
-    w.text("Register.control_endpoint", m.control_endpoint)
+    w.text("Register.instance", m.instance)
     w.u64("Register.staging_addr", m.staging_addr)
     w.u64("Register.staging_bytes", m.staging_bytes)
     w.u16("Register.sections.count", len(m.sections))
@@ -266,7 +266,7 @@ def _read_register(r: Reader, components: Sequence[WireComponent]) -> Register:
     page_size = r.u32("Register.page_size")
     digest = r.raw("Register.plan_digest", PLAN_DIGEST_BYTES)
     agent = r.blob("Register.agent_info", MAX_AGENT_INFO_BYTES)
-    endpoint = r.text("Register.control_endpoint", MAX_ENDPOINT_BYTES)
+    instance = r.text("Register.instance", MAX_INSTANCE_BYTES)
     staging_addr = r.u64("Register.staging_addr")
     staging_bytes = r.u64("Register.staging_bytes")
     n_sections = r.u16("Register.sections.count")
@@ -297,7 +297,7 @@ def _read_register(r: Reader, components: Sequence[WireComponent]) -> Register:
         sections.append(Section(component=comp.name, entries=tuple(entries)))
     return Register(side=_enum("Register.side", side, PeerSide), dp_group=dp_group, rank=rank,
                     page_size=page_size, plan_digest=digest, agent_info=agent,
-                    control_endpoint=endpoint, sections=tuple(sections), staging_addr=staging_addr,
+                    instance=instance, sections=tuple(sections), staging_addr=staging_addr,
                     staging_bytes=staging_bytes)
 
 
@@ -315,6 +315,7 @@ def _write_transfer_request(w: Writer, m: TransferRequest, _c: object) -> None:
     w.u64("TransferRequest.staging_bytes", m.staging_bytes)
     w.i64_array("TransferRequest.dst_page_ids", m.dst_page_ids)
     w.i64_array("TransferRequest.window_page_ids", m.window_page_ids)
+    w.i64_array("TransferRequest.layer_slots", m.layer_slots)
 
 
 def _read_transfer_request(r: Reader, _c: object) -> TransferRequest:
@@ -332,6 +333,7 @@ def _read_transfer_request(r: Reader, _c: object) -> TransferRequest:
         staging_bytes=r.u64("TransferRequest.staging_bytes"),
         dst_page_ids=r.i64_array("TransferRequest.dst_page_ids.count", MAX_PAGE_IDS),
         window_page_ids=r.i64_array("TransferRequest.window_page_ids.count", MAX_PAGE_IDS),
+        layer_slots=r.i64_array("TransferRequest.layer_slots.count", MAX_PAGE_IDS),
     )
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from .plan_types import RankId
 
 WIRE_MAGIC = b"PDCW"
-WIRE_VERSION = 2
+WIRE_VERSION = 3  # 3: TransferRequest.layer_slots
 
 # magic, version, type, flags, fingerprint, body length, crc32
 _HEADER = struct.Struct("<4sHBBQII")
@@ -28,7 +28,7 @@ _CRC_OFFSET = 20  # the CRC covers header bytes [0, _CRC_OFFSET) and the body
 # can make a decoder allocate.
 MAX_PAGE_IDS = 1 << 21  # per page-id array: a 2M-token request at page size 1
 MAX_AGENT_INFO_BYTES = 1 << 20  # engine peer info (NIXL agent metadata is tens of KiB)
-MAX_ENDPOINT_BYTES = 1024  # a ZeroMQ endpoint such as "tcp://10.1.2.3:5757"
+MAX_INSTANCE_BYTES = 1024  # a serving engine instance such as "10.1.2.3:30000"
 MAX_REASON_BYTES = 4096  # a failure reason, UTF-8
 MAX_SECTION_ENTRIES = 1 << 16  # registered entries of one component on one rank
 # The largest body any message needs (two full page-id arrays plus the fixed fields of a
@@ -262,7 +262,10 @@ class Register:
     page_size: int  # tokens per KV page; both sides must agree (checked at the handshake)
     plan_digest: bytes  # sha256 of the plan, 32 raw bytes: both sides lowered the same plan
     agent_info: bytes  # transfer engine peer info (Mooncake session id, NIXL agent metadata)
-    control_endpoint: str  # ZeroMQ endpoint where this rank receives control messages
+    # The serving engine instance (server) the rank belongs to: ranks of one instance share it,
+    # and a prefill rank keeps the registrations and rooms of instances apart (Note [Decode
+    # instances] in runtime/endpoints/handshake.py). "": the deployment's only instance.
+    instance: str
     sections: tuple[Section, ...]  # one per component of the family, in spec order
     # Decode's registered staging arena (Note [Staging layout] in runtime/staging.py): every
     # TransferRequest.staging region must lie inside it. 0 bytes: this rank never stages.
@@ -285,8 +288,7 @@ class Register:
         s(self, "plan_digest", digest)
         s(self, "agent_info", _blob("Register.agent_info", self.agent_info,
                                     MAX_AGENT_INFO_BYTES))
-        s(self, "control_endpoint", _text("Register.control_endpoint", self.control_endpoint,
-                                          MAX_ENDPOINT_BYTES))
+        s(self, "instance", _text("Register.instance", self.instance, MAX_INSTANCE_BYTES))
         sections = tuple(self.sections)
         for i, sec in enumerate(sections):
             if not isinstance(sec, Section):
@@ -328,6 +330,9 @@ class TransferRequest:
     staging_bytes: int = 0
     dst_page_ids: np.ndarray = field(default_factory=_empty_ids)  # one per absolute page position
     window_page_ids: np.ndarray = field(default_factory=_empty_ids)  # sliding-window pages
+    # Note [Layer slots] in runtime/indices.py: layer id, slot, layer id, slot, ... for a
+    # request whose state layers have a slot each; empty: `slot` serves every layer.
+    layer_slots: np.ndarray = field(default_factory=_empty_ids)
 
     def __post_init__(self) -> None:
         s = object.__setattr__
@@ -346,6 +351,14 @@ class TransferRequest:
         s(self, "dst_page_ids", _id_array("TransferRequest.dst_page_ids", self.dst_page_ids))
         s(self, "window_page_ids",
           _id_array("TransferRequest.window_page_ids", self.window_page_ids))
+        pairs = _id_array("TransferRequest.layer_slots", self.layer_slots)
+        if len(pairs) % 2:
+            raise WireError("TransferRequest.layer_slots",
+                            f"holds {len(pairs)} values, not (layer id, slot) pairs")
+        if len(pairs) and int(pairs[0::2].max()) > _U32:
+            raise WireError("TransferRequest.layer_slots",
+                            f"layer id {int(pairs[0::2].max())} is not a u32")
+        s(self, "layer_slots", pairs)
 
     def __eq__(self, other: object) -> bool:
         # Generated __eq__ would compare numpy arrays with ==, whose truth is ambiguous.
@@ -360,6 +373,7 @@ class TransferRequest:
                 other.staging_addr, other.staging_bytes)
             and np.array_equal(self.dst_page_ids, other.dst_page_ids)
             and np.array_equal(self.window_page_ids, other.window_page_ids)
+            and np.array_equal(self.layer_slots, other.layer_slots)
         )
 
     __hash__ = None  # type: ignore[assignment]  # equal messages hold equal arrays

@@ -12,9 +12,16 @@ from pathlib import Path
 import pytest
 
 from .compiler.spec_patches import write_bad_spec
+from .support import parity_order, skip_summary
 
-# Why tests were skipped, and how to run them, at the end of every run.
-from .support.skip_summary import pytest_terminal_summary  # noqa: E402,F401
+# The parity tests shuffled in every run (tests/support/parity_order.py).
+from .support.parity_order import pytest_collection_modifyitems  # noqa: F401
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    """Why tests were skipped and how to run them; the parity tests' order seed."""
+    skip_summary.pytest_terminal_summary(terminalreporter, exitstatus, config)
+    parity_order.pytest_terminal_summary(terminalreporter, exitstatus, config)
 
 
 @pytest.fixture

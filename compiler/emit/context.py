@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pdc.runtime.layout_types import FamilyLayout
 
 from ..model import Spec
+
+if TYPE_CHECKING:
+    from ..deployments import DeclaredPlan
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,6 +20,9 @@ class FamilyContext:
     spec: Spec  # the validated spec
     layout: FamilyLayout  # build_layout(spec)
     header: str  # the @generated header; compile_specs puts it on top of every module
+    # the declared deployments' plans when the caller lowered them already (driver.build);
+    # None: the plans emitter lowers them itself
+    declared: tuple[DeclaredPlan, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,8 +9,9 @@ list; compile_specs puts the @generated header on top and the file into the Outp
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
+from ..deployments import DeclaredPlan
 from ..diagnostics import Diagnostic, SpecErrors
 from ..layout import build_layout
 from ..model import Spec
@@ -20,6 +21,7 @@ from .kernels_module import emit as emit_kernels
 from .layout_module import emit as emit_layout
 from .naming import family_import, family_module, family_package
 from .output import OutputSet
+from .plans_module import emit as emit_plans
 from .pysrc import docstring_text, wrap
 
 
@@ -33,19 +35,24 @@ def package_init(ctx: FamilyContext) -> GeneratedModule:
     return GeneratedModule("__init__", "\n".join(lines) + "\n")
 
 
-ModuleEmitter = Callable[[FamilyContext], GeneratedModule]
+# An emitter returns None for a module the family does not have (plans.py without declared
+# deployments).
+ModuleEmitter = Callable[[FamilyContext], GeneratedModule | None]
 
 # One entry per generated module of every family (Note [Family modules]).
 FAMILY_MODULES: list[ModuleEmitter] = [
     package_init,
     emit_layout,
     emit_kernels,
+    emit_plans,
 ]
 
 
-def compile_specs(specs: Iterable[Spec]) -> OutputSet:
+def compile_specs(specs: Iterable[Spec],
+                  declared: Mapping[str, tuple[DeclaredPlan, ...]] | None = None) -> OutputSet:
     """Render every module of every family in memory. Raises SpecErrors (all of them) when a
-    spec cannot be emitted, e.g. two specs claim one package or a name clashes."""
+    spec cannot be emitted, e.g. two specs claim one package or a name clashes. `declared`:
+    the declared deployments' plans by spec path, where the caller lowered them already."""
     out = OutputSet()
     errors: list[Diagnostic] = []
     owner: dict[str, Spec] = {}
@@ -59,12 +66,15 @@ def compile_specs(specs: Iterable[Spec]) -> OutputSet:
                 "give every spec its own family name"))
             continue
         owner[pkg] = spec
-        ctx = FamilyContext(spec, build_layout(spec), generated_header(spec))
+        ctx = FamilyContext(spec, build_layout(spec), generated_header(spec),
+                            (declared or {}).get(spec.path))
         for emit in FAMILY_MODULES:
             try:
                 module = emit(ctx)
             except SpecErrors as e:
                 errors.extend(e.diagnostics)
+                continue
+            if module is None:
                 continue
             out.add(family_module(spec, module.name), ctx.header + module.body)
     if errors:

@@ -34,7 +34,8 @@ def py_hex32(v: int) -> str:
 
 def py_value(value: object, indent: int = 0, used: int = 0,
              fields: dict[str, Callable[[Any], str]] | None = None) -> str:
-    """Source text of `value` (None, bool, int, str, tuple or a dataclass instance).
+    """Source text of `value` (None, bool, int, str, tuple, dict with str keys, or a dataclass
+    instance).
 
     `indent` is the nesting level of the line the value starts on; `used` is how many
     columns of that line are already taken (e.g. by `name=`). Dataclasses are written as
@@ -48,6 +49,13 @@ def py_value(value: object, indent: int = 0, used: int = 0,
         return repr(value)
     if isinstance(value, str):
         return py_str(value)
+    if isinstance(value, dict):
+        items = [f"{py_str(k)}: " + py_value(v, indent + 1, len(k) + 4, fields)
+                 for k, v in value.items()]
+        one = "{" + ", ".join(items) + "}"
+        if "\n" not in one and len(INDENT) * indent + used + len(one) <= LINE_WIDTH - 1:
+            return one
+        return _packed("{", items, "}", indent)
     if isinstance(value, tuple):
         items = [py_value(v, indent + 1, 0, fields) for v in value]
         one = "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"

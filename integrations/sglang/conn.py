@@ -12,13 +12,17 @@ One `PdcKVManager` per scheduler process (one TP rank):
   opens on a background thread once the table answers; senders poll Bootstrapping until then.
 - decode: one `DecodeEndpoint` per prefill server (bootstrap address), opened on a background
   thread the first time SGLang asks for that server's parallel info
-  (`try_ensure_parallel_info`), which SGLang retries until it is ready.
+  (`try_ensure_parallel_info`), which SGLang retries until it is ready. It registers under
+  the decode server's instance name (`decode_instance`: advertised address and HTTP port), so
+  that a prefill server serves many decode servers (xPyD) with no numbering to configure.
 
-Note [SGLang plan]: prefill knows its own TP/PP/DP and page size from its server args, and the
-decode side's from `PDC_SGLANG_DECODE` ("tp=N,dp=M", default: its own TP, PP 1, DP 1); decode
-reads the prefill side off the bootstrap table (which ranks registered). Both lower the same
-plan; when they disagree pdc's registration check rejects decode with both digests, and the
-requests fail at bootstrap with that reason instead of writing wrong bytes.
+Note [SGLang plan]: prefill knows its own TP/PP/DP and page size from its server args (TP and
+DP being SGLang's attention TP and attention-DP groups, Note [SGLang DP attention] in
+family.py), and the decode side's from `PDC_SGLANG_DECODE` ("tp=N,dp=M", default: its own TP
+and DP, PP 1); decode reads the prefill side off the bootstrap table (which ranks registered).
+Both lower the same plan; when they disagree pdc's registration check rejects decode with
+both digests, and the requests fail at bootstrap with that reason instead of writing wrong
+bytes.
 
 Note [SGLang decode prefix]: with `--disaggregation-decode-enable-radix-cache` SGLang's decode
 matches the prompt against its own radix cache, allocates pages for the rest only, and hands
@@ -48,9 +52,16 @@ import threading
 import time
 
 from pdc.runtime import knobs
-from pdc.runtime.control import BootstrapServer, ControlError, bootstrap_call, fetch_table
+from pdc.runtime.control import (
+    BootstrapServer,
+    ControlError,
+    HostSettings,
+    bootstrap_call,
+    fetch_table,
+)
 from pdc.runtime.endpoints import DecodeEndpoint, PageState, PrefillEndpoint
 from pdc.runtime.engines import make_engine
+from pdc.runtime.engines.base import SharedRegistrations
 from pdc.runtime.plan_types import RankId
 from pdc.runtime.wire import KVPoll as PdcPoll
 from sglang.srt.disaggregation.base.conn import (
@@ -64,8 +75,17 @@ from sglang.srt.disaggregation.base.conn import (
 )
 from sglang.srt.disaggregation.utils import DisaggregationMode
 
-from .family import RefusedModel, engine_pools, make_plan, served_family, side
+from .family import (
+    RefusedModel,
+    decode_instance,
+    engine_pools,
+    make_plan,
+    parallel_layout_of,
+    served_family,
+    side,
+)
 from .faults import apply as apply_faults
+from .faults import apply_slot as apply_slot_fault
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +124,23 @@ def _parse_side(text: str, what: str) -> dict[str, int]:
     return out
 
 
+def _slot(state_indices) -> int:
+    """The request's mamba slot from SGLang's `state_indices` (one entry per state type of
+    KVArgs.state_types, the mamba one an array holding the slot; Note [SGLang mamba state] in
+    family.py), or -1 when the model keeps no slot state."""
+    for entry in state_indices or ():
+        if entry is not None and len(entry):
+            return int(entry[0])
+    return -1
+
+
+def parallel_layout(server_args):
+    """This scheduler's place in SGLang's parallel layout (Note [SGLang DP attention])."""
+    from sglang.srt.runtime_context import get_parallel
+
+    return parallel_layout_of(get_parallel(), server_args)
+
+
 def engine_name() -> str:
     name = os.environ.get(ENGINE_ENV, "mooncake")
     if name not in ENGINES:
@@ -140,20 +177,21 @@ class PdcKVManager(BaseKVManager):
         self.kv_args = args
         self.mode = disaggregation_mode
         self.server_args = server_args
-        if is_mla_backend:
-            raise RefusedModel("pdc: MLA KV pools are not supported by pdc's SGLang backend "
-                               "yet (docs/sglang.md, 'Families')")
-        if int(getattr(server_args, "dp_size", 1) or 1) != 1 or int(server_args.pp_size) != 1:
-            raise RefusedModel("pdc's SGLang backend runs dp_size 1 and pp_size 1 so far "
-                               f"(got dp {server_args.dp_size}, pp {server_args.pp_size})")
-        self.tp = int(server_args.tp_size)
-        self.rank = RankId(0, int(args.engine_rank) % self.tp)
+        # An MLA pool registers one latent buffer per layer instead of K and V: the served
+        # family's spec says which (Note [SGLang KV buffers] in family.py).
+        self.is_mla = bool(is_mla_backend)
+        # Note [SGLang DP attention]: ranks within this scheduler's attention-DP group
+        par = parallel_layout(server_args)
+        self.tp, self.dp, self.dp_group = par.attn_tp, par.attn_dp, par.attn_dp_rank
+        self.rank = RankId(0, par.attn_tp_rank)
         self.page_size = int(args.page_size)
         self.family = served_family(server_args.model_path, args, self.tp, self.rank.tp,
                                     str(getattr(server_args, "dtype", "") or ""))
         self.engine_name = engine_name()
         kwargs = {"hostname": _host()} if self.engine_name == "mooncake" else {}
-        self.engine = make_engine(self.engine_name, **kwargs)
+        # A decode server opens one endpoint per prefill server, each registering the same
+        # KV and aux buffers: the engine registers them once (Mooncake refuses a second).
+        self.engine = SharedRegistrations(make_engine(self.engine_name, **kwargs))
         # Decode opens its endpoint at the first request for a prefill server; the engine's
         # transport report (Mooncake: ~1 s) is asked now, at start, not then.
         self.engine.transport()
@@ -162,14 +200,16 @@ class PdcKVManager(BaseKVManager):
         self.failures = 0
         self.quarantined = 0
         if self.mode == DisaggregationMode.PREFILL:
-            decode = {"tp": self.tp, "pp": 1, "dp": 1}
+            decode = {"tp": self.tp, "pp": 1, "dp": self.dp}
             decode.update(_parse_side(os.environ.get(DECODE_ENV, ""), DECODE_ENV))
             layout = self.family.layout
-            self.plan = make_plan(self.family.family, side(self.tp, 1, 1, self.page_size),
+            self.plan = make_plan(self.family.family, side(self.tp, 1, self.dp, self.page_size),
                                   side(decode["tp"], decode["pp"], decode["dp"], self.page_size),
                                   self.engine_name)
             self.pools = engine_pools(layout, self.plan, "prefill", self.rank, args,
                                       self.family.kv_dtype)
+            # Note [SGLang idle prefill rank]
+            self.writes = bool(self.plan.links_from(self.rank))
             self.endpoint: PrefillEndpoint | None = None
             self.endpoint_error = ""
             port = int(server_args.disaggregation_bootstrap_port)
@@ -185,11 +225,12 @@ class PdcKVManager(BaseKVManager):
             self.pools_by_plan: dict[str, object] = {}
         kv = next((c for c in self.family.layout.components if c.index == "page"), None)
         logger.info("pdc SGLang backend: %s %s rank %s, family %s (%s) bound to %d layers, "
-                    "pages of %d tokens, KV %s, engine %s", self.mode.value,
-                    self.family.architecture, self.rank, self.family.layout.family,
+                    "pages of %d tokens, KV %s, engine %s, attention-DP group %d of %d",
+                    self.mode.value, self.family.architecture, self.rank,
+                    self.family.layout.family,
                     self.family.layout.spec_path, self.family.layout.num_layers,
                     self.family.layout.default_page_size, kv.dtype if kv else "-",
-                    self.engine_name)
+                    self.engine_name, self.dp_group, self.dp)
 
     # ~~~ prefill ~~~
 
@@ -205,8 +246,8 @@ class PdcKVManager(BaseKVManager):
                     logger.error("pdc: %s", self.endpoint_error)
                     return
         try:
-            ep = PrefillEndpoint(self.family.layout, self.family.wire, self.plan, self.rank, 0,
-                                 self.engine, self.pools, self.bootstrap)
+            ep = PrefillEndpoint(self.family.layout, self.family.wire, self.plan, self.rank,
+                                 self.dp_group, self.engine, self.pools, self.bootstrap)
         except Exception as e:  # noqa: BLE001 - every request then fails with this reason
             self.endpoint_error = f"the prefill endpoint did not open: {e}"
             logger.error("pdc: %s", self.endpoint_error)
@@ -247,23 +288,32 @@ class PdcKVManager(BaseKVManager):
             prefill_dp = 1 + max(dp for dp, _, _ in table)
             prefill = side(1 + max(tp for _, _, tp in table), 1 + max(pp for _, pp, _ in table),
                            prefill_dp, self.page_size)
-            own = side(self.tp, 1, 1, self.page_size)
+            own = side(self.tp, 1, self.dp, self.page_size)
             plan = make_plan(self.family.family, prefill, own, self.engine_name)
             key = plan.digest()
             pools = self.pools_by_plan.get(key)
             if pools is None:
                 pools = self.pools_by_plan[key] = engine_pools(
                     layout, plan, "decode", self.rank, self.kv_args, self.family.kv_dtype)
-            ep = DecodeEndpoint(layout, self.family.wire, plan, self.rank, 0, self.engine,
-                                pools, addr)
+            # Each decode scheduler registers under its attention-DP group (Note [SGLang DP
+            # attention]); prefill tells decode servers apart by this name (Note [Decode
+            # instances] in pdc.runtime.endpoints.handshake).
+            instance = decode_instance(HostSettings.from_knobs().advertise,
+                                       self.server_args.port)
+            ep = DecodeEndpoint(layout, self.family.wire, plan, self.rank, self.dp_group,
+                                self.engine, pools, addr, instance=instance)
             ep.wait_ready()
             logger.info("pdc: decode endpoint for prefill server %s open in %.0f ms (prefill "
-                        "ranks: %d)", bootstrap_addr, (time.monotonic() - t_open) * 1e3,
-                        len(ep.sources))
+                        "ranks: %d; this decode instance: %s)", bootstrap_addr,
+                        (time.monotonic() - t_open) * 1e3, len(ep.sources), instance)
         except Exception as e:  # noqa: BLE001 - the requests for that server fail with it
             with self.lock:
                 self.endpoint_errors[bootstrap_addr] = f"cannot reach prefill server " \
                     f"{bootstrap_addr}: {e}"
+                # SGLang reads the server's DP size from this table once we answer True;
+                # without an entry it asks the bootstrap port over HTTP (which pdc's table
+                # does not speak) and its requests hang instead of failing with the reason.
+                self.prefill_info_table[bootstrap_addr] = _PrefillServerInfo(1)
                 self.opening.pop(bootstrap_addr, None)
             opened.set()
             logger.error("pdc: %s", self.endpoint_errors[bootstrap_addr])
@@ -294,7 +344,18 @@ class PdcKVManager(BaseKVManager):
 
 class PdcKVSender(BaseKVSender):
     """Prefill's side of one request: SGLang's chunks become pdc chunks with absolute page
-    positions (Note [Absolute page positions] in pdc.runtime.indices)."""
+    positions (Note [Absolute page positions] in pdc.runtime.indices).
+
+    Note [SGLang idle prefill rank]: SGLang's prefill scheduler moves a request on only when
+    every TP rank's sender agrees (it all-reduces their polls to the least advanced state), but
+    a plan may give a prefill rank nothing to write: with a replicated component only (the MLA
+    latent and the aux row) at prefill TP 2 -> decode TP 1, one rank is the elected writer and
+    the other has no link, so no decode rank ever asks it for the request and its sender would
+    stay Bootstrapping. A rank without links therefore answers WaitingForInput until the last
+    chunk and Success after it, and the elected rank's state decides (Failed is the least
+    state, so its failure fails the request on every rank). It reads decode's prefix as 0: its
+    sends are bookkeeping only, and SGLang uses the prefix for the pages to send, not for the
+    forward."""
 
     def __init__(self, mgr: PdcKVManager, bootstrap_addr: str, bootstrap_room: int,
                  req_has_disagg_prefill_dp_rank: bool = False):
@@ -308,11 +369,17 @@ class PdcKVSender(BaseKVSender):
         self.prefix_tokens = 0  # decode's prefix (Note [SGLang decode prefix])
         self.error = ""
         self.t_start = time.monotonic()
+        self.idle = not mgr.writes  # Note [SGLang idle prefill rank]
+        self.done = False
         self._attach()
 
     def _attach(self) -> bool:
         if self.sender is not None:
             return True
+        if self.idle:
+            if self.kv_mgr.endpoint_error:
+                self.error = self.kv_mgr.endpoint_error
+            return False
         ep = self.kv_mgr.endpoint
         if ep is None:
             if self.kv_mgr.endpoint_error:
@@ -343,6 +410,10 @@ class PdcKVSender(BaseKVSender):
         self.aux_index = -1 if aux_index is None else int(aux_index)
 
     def send(self, kv_indices, state_indices=None, num_kv_tokens: int | None = None, **_):
+        if self.idle and not self.error:
+            self.pages_sent += len(kv_indices)
+            self.done = self.num_pages is not None and self.pages_sent >= self.num_pages
+            return
         if self.error or not self._attach():
             self.error = self.error or "send() before the prefill endpoint opened"
             return
@@ -361,12 +432,15 @@ class PdcKVSender(BaseKVSender):
         last = self.pages_sent == self.num_pages
         pages = apply_faults(self.bootstrap_room, pages, last)
         prefix_pages = self.prefix_tokens // self.kv_mgr.page_size
+        slot = apply_slot_fault(self.bootstrap_room, _slot(state_indices)) if last else -1
         self.sender.send(pages, prefix_pages + start, last, self.prefix_tokens + self.tokens_sent,
-                         aux_row=self.aux_index if last else -1)
+                         slot=slot, aux_row=self.aux_index if last else -1)
 
     def poll(self) -> KVPoll:
         if self.error:
             return KVPoll.Failed
+        if self.idle:
+            return KVPoll.Success if self.done else KVPoll.WaitingForInput
         if not self._attach():
             return KVPoll.Bootstrapping
         state = self.sender.poll()
@@ -422,8 +496,11 @@ class PdcKVReceiver(BaseKVReceiver):
             self.conclude_state = KVPoll.Failed
             return
         try:
+            # Note [SGLang DP attention]: the prefill group SGLang resolved for this request
+            # (the router's disagg_prefill_dp_rank, else room % prefill's DP size)
             self.receiver = ep.receiver(self.bootstrap_room,
                                         mgr.next_generation(self.bootstrap_room),
+                                        prefill_dp_group=int(prefill_dp_rank),
                                         arrived=self.t_arrived)
         except ValueError as e:
             self.error = str(e)
@@ -447,7 +524,8 @@ class PdcKVReceiver(BaseKVReceiver):
             return
         # Note [SGLang decode prefix]: page 0 at the positions decode holds already
         pages = [0] * (prefix // page_size) + [int(x) for x in kv_indices]
-        self.receiver.init(pages, prefix, aux_row=-1 if aux_index is None else int(aux_index))
+        self.receiver.init(pages, prefix, slot=_slot(state_indices),
+                           aux_row=-1 if aux_index is None else int(aux_index))
 
     def poll(self) -> KVPoll:
         if self.error:

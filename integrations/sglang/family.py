@@ -51,6 +51,48 @@ class RefusedModel(RuntimeError):
 
 
 @dataclass(frozen=True)
+class ParallelLayout:
+    """Where one SGLang scheduler process sits: its rank within its attention-DP group and
+    that group among the server's groups (Note [SGLang DP attention])."""
+
+    attn_tp: int
+    attn_tp_rank: int
+    attn_dp: int
+    attn_dp_rank: int
+
+
+def parallel_layout_of(parallel, server_args) -> ParallelLayout:
+    """Note [SGLang DP attention]: with `--enable-dp-attention --dp N` (SGLang 0.5.23 turns
+    it into `attn_dp_size` N) a server of TP T runs N schedulers, each with its own KV pool
+    and attention TP T / N; a pool's KV heads are split over attention TP only. pdc names
+    ranks within a group (`RankId(pp, tp)`, tp = the attention-TP rank) and the group by
+    its attention-DP rank, which is the `prefill_dp_rank` SGLang's decode resolves for a
+    request (the router's `disagg_prefill_dp_rank`, else room % prefill's DP size). `parallel`
+    is SGLang's ParallelContext (runtime_context.get_parallel()); replicas (`dp_size` > 1
+    without DP attention), pipeline and attention context parallelism are refused."""
+    def read(name: str, default: int) -> int:
+        try:  # SGLang raises RuntimeError / ValueError for a width not published yet
+            value = getattr(parallel, name)
+        except (AttributeError, RuntimeError, ValueError):
+            value = None
+        if value is None:
+            value = getattr(server_args, name, None)
+        return default if value is None else int(value)
+
+    pp, cp, attn_dp = read("pp_size", 1), read("attn_cp_size", 1), read("attn_dp_size", 1)
+    # num_dp_ranks: replicas times attention-DP groups (SGLang's runtime_context)
+    dp_ranks = read("num_dp_ranks", attn_dp)
+    if pp != 1 or cp != 1 or dp_ranks != attn_dp:
+        raise RefusedModel(
+            "pdc's SGLang backend runs attention DP (--enable-dp-attention), not pipeline "
+            "parallelism, attention context parallelism or DP replicas (got "
+            f"pp_size {pp}, attn_cp_size {cp}, {dp_ranks} DP ranks of which {attn_dp} "
+            "attention-DP groups)")
+    return ParallelLayout(read("attn_tp_size", read("tp_size", 1)), read("attn_tp_rank", 0),
+                          attn_dp, read("attn_dp_rank", 0))
+
+
+@dataclass(frozen=True)
 class ServedFamily:
     family: Family
     wire: Family  # the codec of its control messages (Family.encode/decode)
@@ -94,26 +136,78 @@ class Region:
     what: str  # in SGLang's words, for messages
 
 
-def buffers_of(kv_args) -> dict[tuple[str, str, int], Region]:
+def buffers_of(kv_args, page_tensors=(("kv", "k"), ("kv", "v"))
+               ) -> dict[tuple[str, str, int], Region]:
     """SGLang's KV buffers as (component, tensor, layer id) -> region.
 
-    `kv_data_ptrs` lists K of every layer, then V of every layer (MHA pools), with
-    `kv_layer_ids` naming the global layer of each entry where the pool reports them."""
+    Note [SGLang KV buffers]: `kv_data_ptrs` is tensor-major, one buffer per layer of each
+    tensor the pool keeps: an MHA pool lists K of every layer, then V of every layer; an MLA
+    pool one latent buffer per layer. `page_tensors` is the spec's page-indexed tensors in that
+    order ((kv, k), (kv, v) for MHA; (latent, data) for MLA), `kv_layer_ids` names the global
+    layer of each entry where the pool reports them (a hybrid model's attention layers)."""
     out: dict[tuple[str, str, int], Region] = {}
     ptrs, lens, items = kv_args.kv_data_ptrs, kv_args.kv_data_lens, kv_args.kv_item_lens
-    if len(ptrs) % 2:
-        raise RefusedModel(f"pdc: SGLang registered {len(ptrs)} KV buffers; an MHA pool "
-                           "registers K and V per layer (MLA pools are not supported yet)")
-    half = len(ptrs) // 2
+    draft = int(getattr(kv_args, "num_draft_entries", 0) or 0)
+    if draft:
+        # speculative decoding: the draft model's KV follows the target's (prefill.py
+        # `_init_kv_manager`), and the aux row's hidden state widens to the draft's
+        raise RefusedModel(f"pdc: SGLang registered {draft} draft-model KV buffers after the "
+                           "target's (speculative decoding); pdc's SGLang specs carry no draft "
+                           "KV or draft hidden state yet: serve without --speculative-algorithm")
+    if not page_tensors:
+        if ptrs:
+            raise RefusedModel(f"pdc: SGLang registered {len(ptrs)} KV buffers; the spec "
+                               "declares no page-indexed component")
+        return out
+    if len(ptrs) % len(page_tensors):
+        names = ", ".join(f"{c}.{t}" for c, t in page_tensors)
+        raise RefusedModel(f"pdc: SGLang registered {len(ptrs)} KV buffers, not a whole "
+                           f"number of layers of the spec's page tensors ({names})")
+    per_tensor = len(ptrs) // len(page_tensors)
     layer_ids = list(getattr(kv_args, "kv_layer_ids", None) or [])
     if len(layer_ids) != len(ptrs):
         start = int(getattr(kv_args, "prefill_start_layer", 0) or 0)
-        layer_ids = [start + i for i in range(half)] * 2
+        layer_ids = [start + i for i in range(per_tensor)] * len(page_tensors)
     for i, (ptr, nbytes, item) in enumerate(zip(ptrs, lens, items, strict=True)):
-        tensor = "k" if i < half else "v"
+        comp, tensor = page_tensors[i // per_tensor]
         layer = int(layer_ids[i])
-        out[("kv", tensor, layer)] = Region(int(ptr), int(nbytes), int(item),
-                                            f"SGLang's {tensor.upper()} buffer of layer {layer}")
+        what = tensor.upper() if comp == "kv" else comp
+        out[(comp, tensor, layer)] = Region(int(ptr), int(nbytes), int(item),
+                                            f"SGLang's {what} buffer of layer {layer}")
+    return out
+
+
+def state_buffers_of(kv_args, slot_components=("gdn_conv", "gdn_ssm")
+                     ) -> dict[tuple[str, str, int], Region]:
+    """SGLang's per-request state buffers (mamba pool) as (component, tensor, layer id).
+
+    Note [SGLang mamba state]: KVArgs carries one list of buffers per state type; the mamba
+    pool's list is every layer's conv state, then every layer's temporal state
+    (MambaPool.get_contiguous_buf_infos), `state_layer_ids` naming each entry's layer. Its
+    items are slots: SGLang sends the request's slot in `state_indices` with the last chunk.
+    Other state types (SWA, DSA, ...) are refused by name until a spec declares them."""
+    out: dict[tuple[str, str, int], Region] = {}
+    types = [str(getattr(t, "value", t)) for t in getattr(kv_args, "state_types", None) or []]
+    for i, kind in enumerate(types):
+        if kind != "mamba":
+            raise RefusedModel(f"pdc: SGLang registered {kind!r} state buffers; pdc's SGLang "
+                               "specs carry mamba slot state only so far")
+        ptrs, lens = kv_args.state_data_ptrs[i], kv_args.state_data_lens[i]
+        items = kv_args.state_item_lens[i]
+        layer_ids = list((getattr(kv_args, "state_layer_ids", None) or [[]] * (i + 1))[i])
+        blocks = len(slot_components)
+        if len(ptrs) % blocks:
+            raise RefusedModel(f"pdc: SGLang registered {len(ptrs)} mamba state buffers, not "
+                               f"{blocks} per layer ({', '.join(slot_components)})")
+        per_block = len(ptrs) // blocks
+        if len(layer_ids) != len(ptrs):
+            layer_ids = list(range(per_block)) * blocks
+        for j, (ptr, nbytes, item) in enumerate(zip(ptrs, lens, items, strict=True)):
+            comp, layer = slot_components[j // per_block], int(layer_ids[j])
+            field = "conv" if j // per_block == 0 else "temporal"
+            out[(comp, "data", layer)] = Region(
+                int(ptr), int(nbytes), int(item),
+                f"SGLang's mamba {field} state of layer {layer}")
     return out
 
 
@@ -169,7 +263,8 @@ def engine_pools(layout: FamilyLayout, plan: Plan, side: str, rank: RankId,
     """SGLang's own KV and aux buffers of this rank, in place, checked against the plan
     (Note [Engine-owned memory] in pdc.runtime.pools) and, when known, the KV dtype."""
     reg = plan.registration(side, rank)
-    kv = buffers_of(kv_args)
+    kv = buffers_of(kv_args, _tensors_of(layout, "page"))
+    kv.update(state_buffers_of(kv_args, tuple(c for c, _ in _tensors_of(layout, "slot"))))
     aux = aux_buffers_of(kv_args)
     if kv_dtype is None:
         kv_dtype = served_kv_dtype(kv_args)
@@ -181,7 +276,10 @@ def engine_pools(layout: FamilyLayout, plan: Plan, side: str, rank: RankId,
                 region = aux.get((name, tensor if len(comp.tensors) > 1 else _single_field(name)))
             else:
                 region = kv.get((name, tensor, layer_id))
-                if region is not None and kv_dtype not in ("", "auto", comp.dtype):
+                # the KV dtype names the page pools; slot state keeps its own (GDN's
+                # recurrent state is float32 in a bfloat16 model)
+                if region is not None and comp.index == "page" and \
+                        kv_dtype not in ("", "auto", comp.dtype):
                     raise RefusedModel(f"pdc: {layout.family} ({comp.loc}) holds {name} in "
                                        f"{comp.dtype}, the server's KV cache is {kv_dtype}")
             if region is None:
@@ -195,6 +293,12 @@ def engine_pools(layout: FamilyLayout, plan: Plan, side: str, rank: RankId,
     except RegistrationMismatch as e:
         raise RefusedModel(f"pdc: {layout.family} does not fit the served model's buffers: "
                            f"{e}") from None
+
+
+def _tensors_of(layout: FamilyLayout, index: str) -> tuple[tuple[str, str], ...]:
+    """(component, tensor) of the layout's components indexed by `index`, in spec order."""
+    return tuple((c.name, t) for c in layout.components if c.index == index
+                 for t in (c.tensors if len(c.tensors) > 1 else ("data",)))
 
 
 def _single_field(component: str) -> str:
@@ -244,3 +348,14 @@ def make_plan(family: Family, prefill: str, decode: str, engine: str) -> Plan:
     except SpecErrors as e:
         raise RefusedModel(f"pdc: no plan for {family.name} from prefill {prefill} to decode "
                            f"{decode} over {engine}: {e}") from None
+
+
+def decode_instance(advertise_host: str, port: int) -> str:
+    """The name a decode server registers under with prefill servers (Note [Decode instances]
+    in pdc.runtime.endpoints.handshake): the address its peers reach it at (pdc's advertise
+    host, never a wildcard) and its HTTP port. Every TP rank of the server says the same
+    (they share its server args); two servers never do (on one host their ports differ, on
+    two hosts their addresses); a server restarted on its port is the same instance, so
+    prefill fails the requests of its previous incarnation."""
+    host = f"[{advertise_host}]" if ":" in advertise_host else advertise_host
+    return f"{host}:{int(port)}"

@@ -1,10 +1,21 @@
 """Fault injection for pdc's SGLang tests: an explicit hook, off unless the variable is set.
 
 `PDC_SGLANG_FAULTS="KIND@ROOM,..."` makes the prefill sender of that bootstrap room send a
-wrong page list to pdc's runtime, past SGLang's own bookkeeping, so that the test sees
-pdc's checks catch it (the request fails with pdc's reason; other rooms are untouched):
+wrong page list or slot to pdc's runtime, past SGLang's own bookkeeping. Two kinds break a
+rule pdc checks, so the test sees pdc's checks catch it (the request fails with pdc's reason;
+other rooms are untouched):
 - `page_out_of_range`: the last chunk names a page beyond the registered KV capacity.
 - `extra_page`: the last chunk carries one page more than decode allocated.
+Two are well-formed but wrong, negative controls that the served tokens depend on what pdc
+moves (they must change that request's tokens):
+- `wrong_page`: the last chunk's first page is read from the pool page before it (another
+  request's, a free page, or the request's own previous page twice; never a permutation of
+  the request's own pages, which attention would not notice).
+- `wrong_slot`: the request's state is read from the slot before its own (Note [SGLang mamba
+  state] in family.py): decode's slot, the one its next step reads, gets another slot's state.
+The neighbour is the one before, not after: SGLang hands out its highest free slot first
+(mem_cache/memory_pool.py, `free_slots[-need_size:]`), whose next one is past the pool; page
+and slot 0 are SGLang's padding, so the one before a 0 is the one after it.
 """
 
 from __future__ import annotations
@@ -12,7 +23,7 @@ from __future__ import annotations
 import os
 
 ENV = "PDC_SGLANG_FAULTS"
-KINDS = ("page_out_of_range", "extra_page")
+KINDS = ("page_out_of_range", "extra_page", "wrong_page", "wrong_slot")
 OUT_OF_RANGE_PAGE = 1 << 40
 
 
@@ -36,4 +47,19 @@ def apply(room: int, pages: list[int], last: bool) -> list[int]:
         return pages
     if kind == "page_out_of_range":
         return pages[:-1] + [OUT_OF_RANGE_PAGE]
-    return pages + [pages[-1]]
+    if kind == "extra_page":
+        return pages + [pages[-1]]
+    if kind == "wrong_page":
+        return [_neighbour(pages[0])] + pages[1:]
+    return pages
+
+
+def apply_slot(room: int, slot: int) -> int:
+    """The prefill slot the request's state is read from (-1: it has none)."""
+    if slot < 0 or _PLANNED.get(room) != "wrong_slot":
+        return slot
+    return _neighbour(slot)
+
+
+def _neighbour(index: int) -> int:
+    return index - 1 if index > 0 else index + 1

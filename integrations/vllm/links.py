@@ -9,7 +9,8 @@ bootstrap address, or the same one reopened by the next request). A prefill engi
 many decode engines as the decode DP groups of its plan: decode engine i registers as group
 i of `decode_engines` (settings `decode_engines`, `decode_index`), and prefill learns each
 request's group from decode's first TransferRequest (Note [DP routing]). All endpoints of a
-worker share its transfer engine, which registers the cache once (`SharedRegistrations`).
+worker share its transfer engine, which registers the cache once (`SharedRegistrations`,
+runtime/engines/base.py; pdc's SGLang decode servers use it too).
 
 This module imports no vLLM: tests/vllm/test_decode_links.py runs it with stand-in endpoints.
 """
@@ -21,31 +22,12 @@ import threading
 import time
 from collections.abc import Callable
 
+from pdc.runtime.engines.base import SharedRegistrations
+
+__all__ = ["DecodeLinks", "SharedRegistrations"]
+
 LOG = logging.getLogger("pdc.vllm")
 IDLE_S = 60.0  # an endpoint no request used for this long is closed
-
-
-class SharedRegistrations:
-    """The worker's transfer engine as each of its endpoints sees it: every endpoint
-    registers the same cache regions, which the engine registers once (Mooncake refuses a
-    second registration of a range); everything else goes to the engine."""
-
-    def __init__(self, engine):
-        self._engine = engine
-        self._registered: set[tuple[int, int]] = set()
-
-    def register(self, addr: int, nbytes: int) -> None:
-        if (addr, nbytes) in self._registered:
-            return
-        self._engine.register(addr, nbytes)
-        self._registered.add((addr, nbytes))
-
-    def deregister(self, addr: int) -> None:
-        self._registered = {r for r in self._registered if r[0] != addr}
-        self._engine.deregister(addr)
-
-    def __getattr__(self, name: str):
-        return getattr(self._engine, name)
 
 
 class DecodeLinks:

@@ -16,6 +16,11 @@ class SendReq:
     block_ids: tuple[int, ...]  # every block of the prompt, absolute positions 0..
     seq_len: int  # prompt tokens
     slot: int = -1  # the state group's block (hybrid families), else -1
+    # Note [Sends at the first layer] (worker.py): queue the sends after the forward
+    # instead (`pdc_send_at: "after_forward"` in kv_transfer_params), to measure the two
+    after_forward: bool = False
+    # with several state groups: (state layer id, its group's block); Note [Layer slots]
+    layer_slots: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -29,6 +34,7 @@ class RecvReq:
     bootstrap: str  # the prefill engine's bootstrap service
     prefill_tp: int
     slot: int = -1  # the state group's block (hybrid families), else -1
+    layer_slots: tuple[tuple[int, int], ...] = ()  # as SendReq.layer_slots
     # the scheduler first saw the request (Note [Timeline stamps]); a stamp, not an identity
     t_arrived: float = field(default=0.0, compare=False)
 

@@ -34,6 +34,7 @@ N itself. vLLM's own NixlConnector does the same.
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from typing import Any
 
@@ -44,6 +45,8 @@ from .groups import CacheGroups
 from .metadata import CancelReq, PdcConnectorMetadata, RecvReq, SendReq
 from .settings import PdcSettings
 
+LOG = logging.getLogger("pdc.vllm")
+
 _DONE = (RequestStatus.FINISHED_LENGTH_CAPPED, RequestStatus.FINISHED_STOPPED)
 
 
@@ -53,13 +56,29 @@ def room_of(request_id: str) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
+SEND_AT = ("first_layer", "after_forward")
+
+
+def _after_forward(request) -> bool:
+    """The request's `pdc_send_at` (Note [Sends at the first layer] in worker.py): its sends
+    queued after the forward instead of at the first layer, for measuring the two. A value
+    other than SEND_AT's is logged with the fix and the default kept: the request runs."""
+    at = (request.kv_transfer_params or {}).get("pdc_send_at", "first_layer")
+    if at not in SEND_AT:
+        LOG.error("pdc: request %s: kv_transfer_params['pdc_send_at'] is %r; sending at the "
+                  "first layer\n  hint: use one of %s", request.request_id, at,
+                  ", ".join(SEND_AT))
+        return False
+    return at == "after_forward"
+
+
 class PdcScheduler:
     def __init__(self, settings: PdcSettings, vllm_config, engine_id: str,
                  kv_cache_config=None):
         self.settings = settings
         self.groups = CacheGroups.of(kv_cache_config, vllm_config)
         self.engine_id = engine_id
-        self.block_size = vllm_config.cache_config.block_size
+        self.block_size = self.groups.tokens_per_block(vllm_config)
         par = vllm_config.parallel_config
         self.tp = par.tensor_parallel_size
         self.bootstrap = ""
@@ -138,7 +157,8 @@ class PdcScheduler:
             block_ids=tuple(per_group[self.groups.page]),
             prefix_tokens=self._loaded_tokens(request) - num_external_tokens,
             bootstrap=str(params["pdc_bootstrap"]), prefill_tp=int(params.get("tp_size", 1)),
-            slot=self.groups.slot_of(per_group), t_arrived=arrived)
+            slot=self.groups.slot_of(per_group),
+            layer_slots=self.groups.layer_slots_of(per_group), t_arrived=arrived)
 
     # ~~~ both ~~~
 
@@ -155,7 +175,9 @@ class PdcScheduler:
                 n_blocks = -(-request.num_prompt_tokens // self.block_size)
                 meta.send.append(SendReq(req_id, room_of(req_id), tuple(blocks[:n_blocks]),
                                          request.num_prompt_tokens,
-                                         self.groups.slot_of(per_group)))
+                                         self.groups.slot_of(per_group),
+                                         _after_forward(request),
+                                         self.groups.layer_slots_of(per_group)))
                 self._sending.add(req_id)
         else:
             meta.recv = list(self._recv.values())
@@ -167,8 +189,9 @@ class PdcScheduler:
 
     def request_finished_all_groups(self, request, block_ids) -> tuple[bool, dict | None]:
         """vLLM's hybrid allocator names one block list per KV cache group; pdc's page
-        component moves the attention group's blocks, its slot components the state group's
-        one block (SendReq.slot), and the answer names the attention blocks."""
+        component moves the attention group's blocks, its slot components each state group's
+        one block (SendReq.slot, or SendReq.layer_slots with several state groups), and the
+        answer names the attention blocks."""
         return self.request_finished(request, block_ids[self.groups.page])
 
     def request_finished(self, request, block_ids) -> tuple[bool, dict | None]:

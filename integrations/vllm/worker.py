@@ -27,7 +27,9 @@ tensors (one item per block, as in the spec's page component); a state layer get
 states (conv, then SSM) packed from the block's start. The worker views each state in place
 (`CacheGroups.state_views`, no copy) and registers it as the spec's slot component of that
 layer, whose pitch is the page (Note [Item pitch]); EnginePools merges the overlapping views
-into one region per storage range. A request's slot is its one block in the state group.
+into one region per storage range. A request's slot is its one block in the state group;
+with several state groups (3 GDN layers per attention layer) each state layer's slot is its
+group's block (CacheGroups.layer_slots_of, Note [Layer slots] in runtime/indices.py).
 Load failures go to vLLM as failed requests (`failed_recving`): with several groups block ids
 are not unique, and vLLM refuses `invalid_block_ids`.
 """
@@ -91,10 +93,12 @@ class PdcWorker:
         if settings.knobs:
             knobs.override(**settings.knobs)
         self.settings = settings
-        self.family = served_family(settings, vllm_config)
+        self.groups = CacheGroups.of(kv_cache_config, vllm_config)
+        self.block_size = self.groups.tokens_per_block(vllm_config)
+        self.family = served_family(settings, vllm_config, self.block_size,
+                                    self.groups.ssm_dtype)
         self.layout = self.family.layout
         self.wire = self.family  # the codec of its control messages
-        self.block_size = vllm_config.cache_config.block_size
         par = vllm_config.parallel_config
         self.tp = par.tensor_parallel_size
         from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
@@ -107,7 +111,6 @@ class PdcWorker:
         self.senders: dict[str, object] = {}  # req_id -> PrefillSender
         self.aborting: set[str] = set()
         self.receivers: dict[str, tuple] = {}  # req_id -> (receiver, RecvReq, t0)
-        self.groups = CacheGroups.of(kv_cache_config, vllm_config)
         self.load_errors: set[int] = set()
         self.failed_requests: set[str] = set()  # hybrid: failed loads, by request
         self.failed_early: set[str] = set()  # load errors reported, blocks still pending
@@ -117,6 +120,7 @@ class PdcWorker:
         self._streaming = False
         self._started_recv: PdcConnectorMetadata | None = None  # bind() started its loads
         self._queued: PdcConnectorMetadata | None = None  # the step whose sends are queued
+        self._queued_ids: set[str] = set()  # and which of them
         self._lock = threading.Lock()
 
     # ~~~ registration ~~~
@@ -133,7 +137,7 @@ class PdcWorker:
                 f"heads * head_dim] tensor per layer: give the family one page component with "
                 f"the single tensor 'kv' (Note [vLLM cache layout])")
         if self.groups.slot is not None and (len(comps) != 1 or comps[0].tensors != ("kv",)
-                                             or not slots or others):
+                                             or others):
             raise RegistrationMismatch(
                 f"{self.layout.spec_path}: error: family {self.layout.family!r} does not "
                 f"describe vLLM's hybrid cache layout\n  hint: vLLM keeps attention blocks and "
@@ -151,13 +155,7 @@ class PdcWorker:
             views = self.groups.state_views(name, t)
             mine = [c for c in slots if layer in c.layer_ids]
             if len(mine) != len(views):
-                shapes = ", ".join(str(list(v.shape[1:])) for v in views)
-                raise RegistrationMismatch(
-                    f"{self.layout.spec_path}: error: vLLM layer {name!r} keeps "
-                    f"{len(views)} states ({shapes}); the spec gives layer {layer} "
-                    f"{len(mine)} slot components ({', '.join(c.name for c in mine) or 'none'})"
-                    f"\n  hint: one slot component per state, in vLLM's order (conv, then "
-                    f"SSM)")
+                raise self._state_mismatch(name, layer, views, mine, comp)
             for c, v in zip(mine, views, strict=True):
                 self.tensors[(c.name, c.tensors[0], layer)] = v
         self.engine = make_engine(self.settings.engine,
@@ -171,6 +169,22 @@ class PdcWorker:
         peer = self.settings.peer_tp or self.tp
         prefill_tp, decode_tp = (self.tp, peer) if self.settings.is_prefill else (peer, self.tp)
         self.pools = self._pools(self._plan(prefill_tp, decode_tp))
+
+    def _state_mismatch(self, name: str, layer: int, views, mine, page) -> RegistrationMismatch:
+        """vLLM keeps states for layer `name` that the spec does not describe (a layer kind
+        the served model contradicts, or a state too many or too few): both sides named."""
+        states = ", ".join(f"{list(v.shape[1:])} {str(v.dtype).removeprefix('torch.')}"
+                           for v in views)
+        kind = dict(self.layout.kind_of).get(layer, "none")
+        held = ", ".join(c.name for c in mine) or \
+            ", ".join(c.name for c in self.layout.components if layer in c.layer_ids) or "none"
+        what = "slot components" if mine else "components"
+        loc = (mine or [page])[0].loc
+        return RegistrationMismatch(
+            f"{loc}: error: vLLM layer {name!r} keeps {len(views)} states ({states}); the "
+            f"spec's layer {layer} is of kind {kind!r} with {what} {held}\n  hint: describe "
+            f"each state of a state layer as a slot component, in vLLM's order (conv, then "
+            f"SSM), or serve the model with a family that does (Note [vLLM hybrid cache])")
 
     def _plan(self, prefill_tp: int, decode_tp: int):
         return make_plan(self.family, prefill_tp, decode_tp, self.settings.engine,
@@ -196,27 +210,33 @@ class PdcWorker:
                 self._start_recv(r)
             self._started_recv = meta
 
-    def _queue_sends(self, meta: PdcConnectorMetadata) -> None:
+    def _queue_sends(self, meta: PdcConnectorMetadata, first_layer: bool) -> None:
         """Note [Sends at the first layer]: vLLM binds the step's metadata before the forward
         but (with no synchronous load) calls start_load_kv after it; the step's sends are
         queued at the first `save_kv_layer` instead, so each layer's writes may leave while
-        the forward computes the next. Whichever comes first queues them, once a step."""
-        if meta is self._queued:
-            return
-        self._queued = meta
+        the forward computes the next. Whichever comes first queues them, once a request.
+        A request whose proxy asked for `pdc_send_at: "after_forward"` is queued at
+        start_load_kv, after the forward, as before this Note: the switch that measures the
+        two in one run (BENCHMARKS.md (o))."""
+        if meta is not self._queued:
+            self._queued, self._queued_ids = meta, set()
         if self.prefill_ep is None and meta.bootstrap:
             plan = self._plan(self.tp, self.settings.peer_tp or self.tp)
             self.prefill_ep = PrefillEndpoint(self.layout, self.wire, plan, self.rank, 0,
                                               self.engine, self.pools, meta.bootstrap)
         for s in meta.send:
+            if s.req_id in self._queued_ids or (first_layer and s.after_forward):
+                continue
+            self._queued_ids.add(s.req_id)
             sender = self.prefill_ep.sender(s.room)
-            sender.send(list(s.block_ids), 0, True, s.seq_len, slot=s.slot, stream=True)
+            sender.send(list(s.block_ids), 0, True, s.seq_len, slot=s.slot, stream=True,
+                        layer_slots=dict(s.layer_slots))
             self.senders[s.req_id] = sender
             self._streaming = True
 
     def start_load_kv(self, meta: PdcConnectorMetadata) -> None:
         if self.settings.is_prefill:
-            self._queue_sends(meta)
+            self._queue_sends(meta, first_layer=False)
             for req_id in meta.abort:
                 if req_id in self.senders:
                     self.senders[req_id].abort()
@@ -243,7 +263,8 @@ class PdcWorker:
         try:
             ep = self.links.get(r.bootstrap, r.prefill_tp)
             rv = ep.receiver(r.room, arrived=r.t_arrived)
-            rv.init(list(r.block_ids), r.prefix_tokens, slot=r.slot)
+            rv.init(list(r.block_ids), r.prefix_tokens, slot=r.slot,
+                    layer_slots=dict(r.layer_slots))
         except Exception as e:  # noqa: BLE001 - a request that cannot start fails alone
             LOG.error("pdc: request %s cannot load from %s: %s", r.req_id, r.bootstrap, e)
             self._load_failed(r)
@@ -284,7 +305,7 @@ class PdcWorker:
 
     def save_kv_layer(self, layer_name: str, meta: PdcConnectorMetadata | None = None) -> None:
         if meta is not None and self.settings.is_prefill:
-            self._queue_sends(meta)
+            self._queue_sends(meta, first_layer=True)
         if self._streaming and self.prefill_ep is not None:
             self.prefill_ep.layer_done(extract_layer_index(layer_name),
                                        event=self.events.record())

@@ -210,14 +210,14 @@ def _demo_arg_problem(args) -> tuple[str, str] | None:
         help="negative control: remove COMPONENT from the plan's links (of every SPEC that "
              "has it); parity must fail and name it"),
     arg("--param", action="append", default=[], metavar="NAME=VALUE",
-        help="override a spec param (over the toy sizes a seed spec's binding scales it to)"),
+        help="override a spec param (over the toy sizes a seed spec's `parity.params` give)"),
     JSON_ARG,
 )
 def cmd_parity(args: argparse.Namespace) -> int:
     """Run tiny transformers models through pdc and check tokens and logits bit for bit.
 
-    For each SPEC (a family bound to a pdc.verify.hf_state model in pdc/verify/hf_adapter.py),
-    starts worker processes that play the prefill and decode ranks of the given layouts.
+    For each SPEC (a family whose `parity` block names its tiny model and what each component
+    carries, Note [Parity recipe]), starts worker processes that play the prefill and decode ranks of the given layouts.
     Prefill ranks build the tiny random-weight model, run the prompt as chunked prefill and
     place their TP share of the cache in their pools after each chunk; pdc moves it through the
     lowered plan and the real engine; the decode ranks' items are gathered in one decode-model

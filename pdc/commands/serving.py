@@ -48,6 +48,10 @@ MAX_DEMO_REPEAT = 20
     arg("--kill-prefill-after", type=int, default=None, metavar="K",
         help="kill the last prefill engine once K prompts finished: its prompts may fail, "
              "no other may"),
+    arg("--tie-tolerance", type=float, default=None, metavar="NATS",
+        help="compare logprobs instead of tokens: each within NATS of the reference's, a "
+             "differing token only at a near tie (default: 0.25 for a hybrid family, 0, "
+             "token identity, otherwise; 0.1 for an MLA family)"),
 )
 def cmd_vllm_demo(args: argparse.Namespace) -> int:
     """Run prefill and decode as two real vLLM engines with pdc's KV connector between them.
@@ -61,8 +65,9 @@ def cmd_vllm_demo(args: argparse.Namespace) -> int:
     Needs the vLLM environment (scripts/install-vllm.sh). The table goes to stdout, progress
     to stderr.
 
-    Exit status: 0 when every prompt is token-identical, 1 otherwise (a spec error, no vLLM
-    environment, a failed prompt), 2 for a usage error.
+    Exit status: 0 when every prompt is token-identical (or, with a tie tolerance, within
+    it: Note [Logprob tolerance] in pdc/serving/drift.py), 1 otherwise (a spec error, no
+    vLLM environment, a failed prompt), 2 for a usage error.
     """
     from pdc.serving.vllm_compare import run_comparison
     from pdc.serving.vllm_demo import run_demo
@@ -79,6 +84,10 @@ def cmd_vllm_demo(args: argparse.Namespace) -> int:
         if bad is None and args.prefill_engines < 2:
             bad = ("--kill-prefill-after needs another prefill engine to serve the rest",
                    "add --prefill-engines 2")
+    tol = args.tie_tolerance
+    if bad is None and tol is not None and not 0.0 <= tol <= 10.0:  # also refuses nan
+        bad = (f"--tie-tolerance {tol} is not a logprob gap",
+               "give a value from 0 (identity) to 10")
     if bad:
         return usage_error("vllm-demo", *bad, False)
     family = spec_family(args.spec, "vllm-demo")
@@ -89,7 +98,8 @@ def cmd_vllm_demo(args: argparse.Namespace) -> int:
                     timeline=args.timeline, prefill_engines=args.prefill_engines,
                     comparison=run_comparison,
                     decode_engines=args.decode_engines,
-                    kill_prefill_after=args.kill_prefill_after)
+                    kill_prefill_after=args.kill_prefill_after,
+                    tie_tolerance=args.tie_tolerance)
 
 
 @command(
@@ -99,9 +109,11 @@ def cmd_vllm_demo(args: argparse.Namespace) -> int:
         help="the engine pdc moves the bytes with (default: mooncake over loopback TCP)"),
     arg("--compare", action="store_true",
         help="also run the prompts through SGLang's own mooncake backend and print both"),
-    arg("--family", default="llama", choices=["llama", "qwen3"],
-        help="the tiny random-weight model to serve: llama (default) or qwen3 (dense "
-             "Qwen3); specs/sglang-llama.yaml serves both, bound to the model at start"),
+    arg("--family", default="llama", choices=["llama", "qwen3", "qwen3-next", "deepseek-mla"],
+        help="the tiny random-weight model to serve: llama (default) or qwen3 (dense Qwen3; "
+             "specs/sglang-llama.yaml serves both), qwen3-next (hybrid Gated DeltaNet + "
+             "attention, specs/sglang-qwen3-next.yaml) or deepseek-mla (MLA latent, "
+             "specs/sglang-deepseek-mla.yaml); each spec is bound to the model at start"),
     arg("--in-flight", type=int, default=4, metavar="N",
         help="prompts in flight at once (default: 4)"),
     arg("--tokens", type=int, default=16, metavar="N",
@@ -123,7 +135,8 @@ def cmd_sglang_demo(args: argparse.Namespace) -> int:
     checks every generated token against the plain server and prints prompts ok/failed, MB
     moved, transfer ms and TTFT p50/p99. `--compare` adds SGLang's own mooncake backend on the
     same settings, side by side. `--family qwen3` serves a tiny dense Qwen3 instead of the
-    tiny Llama. The table goes to stdout, progress to stderr.
+    tiny Llama, `qwen3-next` a hybrid Gated DeltaNet model (slot state), `deepseek-mla` an MLA
+    model (latent pool). The table goes to stdout, progress to stderr.
 
     Exit status: 0 when every prompt of every run was token-identical, 1 otherwise (no
     SGLang environment included), 2 for a usage error.

@@ -182,6 +182,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         help="the engine's KV page size in tokens (engine.page_size)"),
     arg("--engine-kv-dtype", default=None, metavar="DTYPE",
         help="the engine's KV cache dtype (engine.kv_dtype), e.g. bfloat16"),
+    arg("--engine-ssm-dtype", default=None, metavar="DTYPE",
+        help="the engine's SSM state dtype (engine.ssm_dtype), e.g. float32"),
     arg("--tp", type=int, default=1, metavar="N",
         help="attention TP size for the bytes per rank (default: 1)"),
 )
@@ -189,7 +191,8 @@ def cmd_bind(args: argparse.Namespace) -> int:
     """Bind a spec to a model's config and print the bound family.
 
     The spec's params that say `{from: config.KEY}` take the config's values, those that
-    say `{from: engine.page_size}` and dtypes `{from: engine.kv_dtype}` the --engine-*
+    say `{from: engine.page_size}` and dtypes `{from: engine.kv_dtype}` (or
+    `engine.ssm_dtype`) the --engine-*
     values (Note [Bound families] in runtime/binding.py): exactly what a serving process
     binds at start. Prints every param with where it came from, the layer kinds, every
     component's item and the bytes per token and per request on one rank of --tp.
@@ -204,7 +207,8 @@ def cmd_bind(args: argparse.Namespace) -> int:
     if args.tp < 1:
         return usage_error("bind", f"--tp {args.tp} is not a TP size", "give --tp >= 1", False)
     engine = {k: v for k, v in (("page_size", args.engine_page_size),
-                                ("kv_dtype", args.engine_kv_dtype)) if v is not None}
+                                ("kv_dtype", args.engine_kv_dtype),
+                                ("ssm_dtype", args.engine_ssm_dtype)) if v is not None}
     return run_bind(args.spec, args.config, engine, args.tp, sys.stdout)
 
 
@@ -241,7 +245,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from pdc.compiler.coverage import prove
     from pdc.compiler.diagnostics import SpecErrors
     from pdc.compiler.driver import spec_display_path
-    from pdc.compiler.family import plan_spec
+    from pdc.compiler.family import declared_as, plan_spec
     from pdc.compiler.frontend import parse_spec_text, read_spec_text
     from pdc.compiler.report import plan_report, render_json
     from pdc.compiler.topology import parse_side_arg
@@ -268,7 +272,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return print_json("plan", code, e.diagnostics) if args.json else code
     layout = family.layout
     problems = prove(layout, plan)
-    report = plan_report(layout, plan, args.tokens, problems)
+    # Only the spec as written has generated plans (a --prefill page_size re-evaluates it).
+    declared = "" if page else declared_as(spec, family, plan.topology)
+    report = plan_report(layout, plan, args.tokens, problems, declared)
     code = 0 if not problems else 1
     if args.svg is not None or args.png is not None:
         drawn = _draw_plan(layout, plan, report, args.svg, args.png)

@@ -60,14 +60,14 @@ def _waiting(text: str) -> None:
 
 def run_pair(python: str, model: str, workdir: str, backend: str, engine: str,
              prompts: list[list[int]], reference: list[list[int]], new_tokens: int,
-             in_flight: int, rep: int = 0) -> Row:
+             in_flight: int, rep: int = 0, server_args: tuple[str, ...] = ()) -> Row:
     label = f"{backend}/{engine}"
     print(f"pdc sglang-demo: starting prefill + decode ({label}) and the router ...",
           file=sys.stderr)
     logs = os.path.join(workdir, f"rep{rep}-{backend}-{engine}")
     os.makedirs(logs, exist_ok=True)
     pair = H.PDPair.start(python, model, logs, backend=backend, engine=engine,
-                          progress=_waiting)
+                          server_args=server_args, progress=_waiting)
     try:
         before = H.metrics(pair.prefill.url)
         t0 = time.monotonic()
@@ -143,7 +143,8 @@ def run_demo(prompts: int, engine: str, compare: bool, in_flight: int, new_token
     try:
         model = H.make_tiny_model(python, f"{workdir}/tiny-{family}", family)
         batch = H.mixed_prompts(prompts, seed)
-        print(wrap(f"pdc sglang-demo: {prompts} prompts to a tiny {family} of "
+        print(wrap(f"pdc sglang-demo: {prompts} prompts to a tiny {family} "
+                   f"({H.served_dtype(family)}) of "
                    f"{min(map(len, batch))}..{max(map(len, batch))} tokens "
                    f"({H.CHUNK_TOKENS}-token chunks, {H.PAGE_SIZE}-token pages), "
                    f"{new_tokens} greedy tokens each; "
@@ -151,7 +152,9 @@ def run_demo(prompts: int, engine: str, compare: bool, in_flight: int, new_token
                       "or with --keep-logs")), file=sys.stderr)
         print("pdc sglang-demo: starting a plain server for the reference tokens ...",
               file=sys.stderr)
-        plain = H.start_plain(python, model, workdir, progress=_waiting)
+        server_args = H.SERVER_ARGS[family]  # the family's CPU-path flags
+        plain = H.start_plain(python, model, workdir, extra_args=server_args,
+                              progress=_waiting)
         try:
             progress, on_done = _progress("plain", len(batch))
             try:
@@ -173,7 +176,7 @@ def run_demo(prompts: int, engine: str, compare: bool, in_flight: int, new_token
             k = rep % len(backends)
             for backend, eng in backends[k:] + backends[:k]:  # interleaved repetitions
                 rows.append(run_pair(python, model, workdir, backend, eng, batch, reference,
-                                     new_tokens, in_flight, rep))
+                                     new_tokens, in_flight, rep, server_args))
         after = ", ".join(f"{x:.2f}" for x in os.getloadavg())
         print_rows(rows, prompts, in_flight,
                    load=f"; load average {load} before, {after} after")

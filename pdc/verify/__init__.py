@@ -10,8 +10,9 @@ judge them, from the command line (`pdc demo`, `pdc parity`), bench/ and tests/:
   plan, a decode-model process rebuilds the cache, the judge compares tokens and logits bit
   for bit with single-process generation, Note [Parity reference]);
 - hf_state.py: tiny random-weight transformers models and their cache as named tensors
-  (Note [State layout]); hf_adapter.py: the binding of each spec family to its model and the
-  state tensors to pool items and back (Note [HF bindings]);
+  (Note [State layout]); hf_adapter.py: the binding of a spec's components to its model's
+  state (read from the spec by recipe.py) and the state tensors to pool items and back
+  (Note [HF bindings]);
 - models.py, toy.py, seed_qwen38.py, seed_glm52.py: the models parity runs (below);
 - reliability.py: the reliability harness, many requests through a real engine while ranks
   are killed or stopped, requests aborted and control sockets fuzzed, every byte checked
@@ -37,5 +38,6 @@ and greedy decode. Two kinds implement it:
   state of the seed systems' specs (QSA rings, PLE, DSA indexer, MTP/EAGLE draft, aux rows),
   built from the spec's own layout with its parameters scaled down.
 
-The binding of a spec family to its model is data (pdc/verify/hf_adapter.py BINDINGS).
+The binding of a spec family to its model is data, the spec's `parity` block (Note [Parity
+recipe] in compiler/model_parity.py), read by recipe.py.
 """

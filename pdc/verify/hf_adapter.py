@@ -1,13 +1,13 @@
 """Adapter between a transformers cache state (pdc.verify.hf_state) and a spec's pools.
 
-Note [HF bindings]: which state tensor a spec component carries is DATA, one `Binding` per
-spec family in `BINDINGS`: the pdc.verify.hf_state family whose tiny model runs it and rows
-(component, tensor, hf_state tensor name). Nothing else is per family: where the bytes go
+Note [HF bindings]: which state tensor a spec component carries is DATA, declared in the
+spec's `parity` block (Note [Parity recipe] in compiler/model_parity.py) and read into a
+`Binding`: the model that runs it and rows (component, tensor, hf_state tensor name). Nothing else is per family: where the bytes go
 follows from the component's index kind, and how they are cut across attention-TP ranks
 from its shard geometry (runtime.labels.project, Note [Shard ownership]) and merged back
 (runtime.labels.merge). Global layer id i of a component carries hf_state's `L{i}.{name}`.
-A new family needs a spec, a binding here and a recipe in pdc.verify.hf_state.FAMILIES;
-`check_binding` says what disagrees when they do not fit.
+A new family needs a spec with a `parity` block and no Python; `check_binding` says what
+disagrees when the spec and the model do not fit.
 
 Layout rules by index kind (state tensor rows are token-major, Note [State layout] in
 pdc.verify.hf_state):
@@ -41,19 +41,20 @@ from pdc.runtime.layout_types import ComponentLayout, FamilyLayout
 
 @dataclass(frozen=True)
 class Binding:
-    hf_family: str  # key of pdc.verify.hf_state.FAMILIES, or the toy's name (reports show it)
+    """A spec's `parity` block as the parent plans with it (pdc.verify.recipe.binding_of).
+    Rank processes read the model's recipe from the spec file it names."""
+
+    spec_path: str  # as the user gave it (errors name it)
+    path: str  # absolute, for processes with another working directory
+    kind: str  # "transformers" | "toy"
+    model: str  # the transformers model class, or the pdc.verify module of a toy
     tensors: tuple[tuple[str, str, str], ...]  # (component, tensor, hf_state tensor name)
     dtype_name: str = "model"  # the spec's `dtypes` name that `pdc parity --dtype` sets
-    # The model the ranks build (pdc.verify.models.build): "" = hf:<hf_family>.
-    model: str = ""
     # Param overrides the toy runs under by default: the spec's own sizes, scaled down
     # (`pdc parity --param NAME=VALUE` overrides them in turn).
     params: tuple[tuple[str, int], ...] = ()
     dp_attention: bool = False  # the model pads a decode DP batch (decode dp > 1 allowed)
-
-    @property
-    def model_name(self) -> str:
-        return self.model or f"hf:{self.hf_family}"
+    loc: str = ""  # the spec's `parity` block, for errors
 
     def hf_name(self, component: str, tensor: str) -> str | None:
         for c, t, name in self.tensors:
@@ -61,39 +62,6 @@ class Binding:
                 return name
         return None
 
-
-_KV = (("kv", "k", "k"), ("kv", "v", "v"))
-
-# Spec family -> binding (Note [HF bindings]).
-BINDINGS: dict[str, Binding] = {
-    "hf-llama": Binding("llama", _KV),
-    "hf-qwen3-next": Binding("qwen3_next", _KV + (("gdn_conv", "data", "conv"),
-                                                  ("gdn_ssm", "data", "ssm"))),
-    "hf-mamba2": Binding("mamba2", (("conv", "data", "conv"), ("ssm", "data", "ssm"))),
-    "hf-mistral-sw": Binding("mistral_sw", _KV),
-    "hf-deepseek-v3": Binding("deepseek_v3", (("kv_nope", "data", "kv_nope"),
-                                              ("k_rot", "data", "k_rot"))),
-    # The seed systems' toys (pdc/verify): every component is bound under its own name.
-    "qwen38": Binding(
-        "seed_qwen38",
-        _KV + tuple((c, "data", c) for c in (
-            "qsa_compressed", "qsa_pending", "qsa_rope", "gdn_conv", "gdn_temporal",
-            "ple_short_conv", "ple_ngram", "aux_first_token", "aux_draft_hidden")),
-        model="verify:seed_qwen38",
-        params=(("num_layers", 8), ("page_size", 8), ("kv_heads", 2), ("head_dim", 16),
-                ("lin_k_heads", 2), ("lin_v_heads", 4), ("head_k_dim", 8), ("head_v_dim", 8),
-                ("qsa_compress_ratio", 4), ("rope_dim", 8), ("ple_dim", 16),
-                ("ngram_context", 4), ("hidden_size", 32))),
-    "glm52": Binding(
-        "seed_glm52",
-        tuple((c, "data", c) for c in (
-            "mla_kv", "draft_mla_kv", "dsa_index_k", "aux_first_token", "aux_draft_hidden",
-            "aux_dsa_topk")),
-        model="verify:seed_glm52",
-        params=(("num_layers", 4), ("kv_lora_rank", 16), ("qk_rope_head_dim", 8),
-                ("index_head_dim", 16), ("index_topk", 8), ("hidden_size", 32)),
-        dp_attention=True),
-}
 
 # hf_state tensor kind each index kind carries.
 _KIND_OF_INDEX = {"page": "token", "window": "window", "slot": "slot", "ring": "ring",
@@ -220,8 +188,8 @@ def check_binding(layout: FamilyLayout, binding: Binding, described: list[dict],
     for c in layout.components:
         for t in c.tensors:
             if binding.hf_name(c.name, t) is None:
-                errors.append(f"component '{c.name}' tensor '{t}' has no hf_state tensor in "
-                              f"the binding of {layout.family} (pdc/verify/hf_adapter.py)")
+                errors.append(f"component '{c.name}' tensor '{t}' has no state tensor in "
+                              f"`parity.carry` ({binding.loc})")
     for c, t, layer_id, key in bound_entries(layout, binding):
         where = f"component '{c.name}' tensor '{t}' of layer {layer_id} ({key})"
         r = rows.get(key)

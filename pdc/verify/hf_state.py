@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import re
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -53,6 +53,7 @@ class StateTensor:
         (label, config attributes whose product is that section's size), in order. The first
         attribute counts the section's shard units (heads or groups), the rest size one unit.
     dtype: "model" (the model's dtype) or a fixed torch dtype name (recurrent states stay fp32).
+    loc: the spec line that declares it (`file:line:col`), for errors.
     """
 
     name: str
@@ -63,6 +64,7 @@ class StateTensor:
     shard_size: str | None = None
     segments: tuple[tuple[str, tuple[str, ...]], ...] = ()
     dtype: str = "model"
+    loc: str = ""
 
 
 @dataclass(frozen=True)
@@ -74,100 +76,18 @@ class LayerRecipe:
 
 @dataclass(frozen=True)
 class FamilyRecipe:
+    """A transformers model and its cache, as a spec's `parity` block declares them (Note
+    [Parity recipe] in compiler/model_parity.py; pdc.verify.recipe reads it)."""
+
+    name: str  # the spec's family, for messages
     config_class: str
     model_class: str
-    config_kwargs: dict[str, Any] = field(hash=False)
-    layers: dict[str, LayerRecipe] = field(hash=False)  # keyed by config layer type
+    config_kwargs: tuple[tuple[str, Any], ...]
+    layers: tuple[tuple[str, LayerRecipe], ...]  # (config layer type, its recipe)
+    loc: str = ""  # the spec's `parity` block (`file:line:col`), for errors
 
-
-def _kv(kind: str, k: str = "k", v: str = "v", heads: str | None = "num_key_value_heads"):
-    """Token-indexed (keys, values) pair; cache layout [B, heads, T, dim] -> export [T, heads, dim]."""
-    shard = 1 if heads else None
-    return (
-        StateTensor(k, "keys", kind, token_axis=2, shard_axis=shard, shard_size=heads),
-        StateTensor(v, "values", kind, token_axis=2, shard_axis=shard, shard_size=heads),
-    )
-
-
-FULL = LayerRecipe("DynamicLayer", _kv(TOKEN))
-SLIDING = LayerRecipe(
-    "DynamicSlidingWindowLayer", _kv(WINDOW), flags=(("cumulative_length", FROM_SEQ_LEN),)
-)
-
-
-def _linear(conv_segments, ssm_heads: str) -> LayerRecipe:
-    """Conv + recurrent slots of a linear-attention layer (GDN or Mamba2)."""
-    return LayerRecipe(
-        "LinearAttentionLayer",
-        (
-            StateTensor("conv", "conv_states[0]", SLOT, shard_axis=0, segments=conv_segments),
-            StateTensor(
-                "ssm", "recurrent_states[0]", SLOT, shard_axis=0, shard_size=ssm_heads,
-                dtype="float32",
-            ),
-        ),
-        flags=(("has_previous_state[0]", TRUE),),
-    )
-
-
-_SPECIAL_IDS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
-_ATTN = dict(
-    vocab_size=256, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-    num_key_value_heads=2, max_position_embeddings=256, **_SPECIAL_IDS,
-)
-_GDN_K = ("linear_num_key_heads", "linear_key_head_dim")
-_GDN_V = ("linear_num_value_heads", "linear_value_head_dim")
-_M2_BC = ("n_groups", "state_size")
-
-FAMILIES: dict[str, FamilyRecipe] = {
-    "llama": FamilyRecipe(
-        "LlamaConfig", "LlamaForCausalLM", dict(_ATTN, num_hidden_layers=2),
-        {"full_attention": FULL},
-    ),
-    "qwen3_next": FamilyRecipe(
-        "Qwen3NextConfig", "Qwen3NextForCausalLM",
-        dict(
-            _ATTN, num_hidden_layers=4, head_dim=16, linear_conv_kernel_dim=4,
-            linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
-            linear_num_value_heads=4, num_experts=4, num_experts_per_tok=2,
-            moe_intermediate_size=32, shared_expert_intermediate_size=32,
-        ),
-        {
-            "linear_attention": _linear(
-                (("q", _GDN_K), ("k", _GDN_K), ("v", _GDN_V)), "linear_num_value_heads"
-            ),
-            "full_attention": FULL,
-        },
-    ),
-    "mamba2": FamilyRecipe(
-        "Mamba2Config", "Mamba2ForCausalLM",
-        dict(
-            vocab_size=256, hidden_size=64, num_hidden_layers=2, num_heads=4, head_dim=32,
-            state_size=16, n_groups=1, expand=2, conv_kernel=4, chunk_size=16, **_SPECIAL_IDS,
-        ),
-        {
-            "linear_attention": _linear(
-                (("x", ("num_heads", "head_dim")), ("B", _M2_BC), ("C", _M2_BC)), "num_heads"
-            ),
-        },
-    ),
-    "mistral_sw": FamilyRecipe(
-        "MistralConfig", "MistralForCausalLM", dict(_ATTN, num_hidden_layers=2, sliding_window=8),
-        {"sliding_attention": SLIDING},
-    ),
-    "deepseek_v3": FamilyRecipe(
-        "DeepseekV3Config", "DeepseekV3ForCausalLM",
-        dict(
-            _ATTN, num_hidden_layers=2, num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=48,
-            qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=4,
-            num_experts_per_tok=2, n_group=2, topk_group=1, moe_intermediate_size=32,
-            first_k_dense_replace=1, n_shared_experts=1,
-        ),
-        # MLA: the cache holds the single-head latent, shared by every query head (replicated
-        # under TP): keys = kv_a_layernorm(kv_nope) [.., kv_lora_rank], values = RoPE'd k_rot.
-        {"full_attention": LayerRecipe("DynamicLayer", _kv(TOKEN, "kv_nope", "k_rot", None))},
-    ),
-}
+    def layer(self, kind: str) -> LayerRecipe | None:
+        return next((r for k, r in self.layers if k == kind), None)
 
 
 # --------------------------------------------------------------------------- models
@@ -179,15 +99,13 @@ def _tf():
     return transformers
 
 
-def make_config(family: str):
-    recipe = FAMILIES[family]
-    return getattr(_tf(), recipe.config_class)(**recipe.config_kwargs)
+def make_config(recipe: FamilyRecipe):
+    return getattr(_tf(), recipe.config_class)(**dict(recipe.config_kwargs))
 
 
-def build_model(family: str, dtype: torch.dtype = torch.float32, seed: int = 0):
+def build_model(recipe: FamilyRecipe, dtype: torch.dtype = torch.float32, seed: int = 0):
     """Random-weight model: init in float32 under `seed`, then cast (same bits in any process)."""
-    recipe = FAMILIES[family]
-    config = make_config(family)
+    config = make_config(recipe)
     torch.manual_seed(seed)
     model = getattr(_tf(), recipe.model_class)(config)
     return model.to(dtype).eval()
@@ -200,13 +118,14 @@ def layer_kinds(model) -> list[str]:
     return get_layer_types_and_kwargs(model.config.get_text_config(decoder=True))[0]
 
 
-def _layer_recipes(family: str, model):
-    layers = FAMILIES[family].layers
+def _layer_recipes(recipe: FamilyRecipe, model):
     kinds = layer_kinds(model)
-    missing = sorted(set(kinds) - set(layers))
+    missing = sorted(set(kinds) - {k for k, _ in recipe.layers})
     if missing:
-        raise KeyError(f"{family}: no recipe for layer kinds {missing}")
-    return [layers[k] for k in kinds]
+        raise RecipeError(recipe.loc, f"the parity recipe of '{recipe.name}' has no "
+                          f"`cache` entry for the model's layer types {missing}",
+                          "add one per config layer type (config.layer_types)")
+    return [recipe.layer(k) for k in kinds]
 
 
 # --------------------------------------------------------------------------- running
@@ -287,12 +206,13 @@ def _check_class(i: int, layer, recipe: LayerRecipe) -> None:
         raise TypeError(f"layer {i}: cache holds {type(layer).__name__}, recipe {recipe.cache_class}")
 
 
-def export_state(family: str, model, cache) -> dict[str, torch.Tensor]:
+def export_state(recipe: FamilyRecipe, model, cache) -> dict[str, torch.Tensor]:
     """Flat dict `L{i}.{name}` -> tensor (batch dim dropped, token-indexed ones token-major)."""
     state = {}
-    for i, (layer, recipe) in enumerate(zip(cache.layers, _layer_recipes(family, model), strict=True)):
-        _check_class(i, layer, recipe)
-        for spec in recipe.tensors:
+    for i, (layer, lr) in enumerate(zip(cache.layers, _layer_recipes(recipe, model),
+                                         strict=True)):
+        _check_class(i, layer, lr)
+        for spec in lr.tensors:
             x = _get(layer, spec.attr)
             if x.shape[0] != 1:
                 raise ValueError(f"L{i}.{spec.name}: batch {x.shape[0]}, only batch 1 is supported")
@@ -303,11 +223,12 @@ def export_state(family: str, model, cache) -> dict[str, torch.Tensor]:
     return state
 
 
-def export_flags(family: str, model, cache) -> dict[str, int]:
+def export_flags(recipe: FamilyRecipe, model, cache) -> dict[str, int]:
     """The scalar flags the recipe restores, as read from `cache` (e.g. `L0.cumulative_length`)."""
     flags = {}
-    for i, (layer, recipe) in enumerate(zip(cache.layers, _layer_recipes(family, model), strict=True)):
-        for path, _ in recipe.flags:
+    for i, (layer, lr) in enumerate(zip(cache.layers, _layer_recipes(recipe, model),
+                                         strict=True)):
+        for path, _ in lr.flags:
             flags[f"L{i}.{path}"] = int(_get(layer, path))
     return flags
 
@@ -320,19 +241,20 @@ def _expected_rows(spec: StateTensor, layer, seq_len: int) -> int | None:
     return None
 
 
-def import_state(family: str, model, state: dict[str, torch.Tensor], seq_len: int):
+def import_state(recipe: FamilyRecipe, model, state: dict[str, torch.Tensor], seq_len: int):
     """Build a fresh `DynamicCache` holding `state` after `seq_len` tokens, ready to decode."""
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
     model_dtype = next(model.parameters()).dtype
     used = set()
-    for i, (layer, recipe) in enumerate(zip(cache.layers, _layer_recipes(family, model), strict=True)):
-        _check_class(i, layer, recipe)
+    for i, (layer, lr) in enumerate(zip(cache.layers, _layer_recipes(recipe, model),
+                                         strict=True)):
+        _check_class(i, layer, lr)
         pair = {}
         # Dict-held (linear) states first: in hybrid layer classes the attention lazy-init would
         # otherwise set the shared `.device` and the linear one would then leave `.dtype` unset.
-        for spec in sorted(recipe.tensors, key=lambda s: _INDEXED.match(s.attr) is None):
+        for spec in sorted(lr.tensors, key=lambda s: _INDEXED.match(s.attr) is None):
             key = f"L{i}.{spec.name}"
             x = state[key]
             used.add(key)
@@ -355,31 +277,32 @@ def import_state(family: str, model, state: dict[str, torch.Tensor], seq_len: in
             keys, values = pair["keys"], pair["values"]
             layer.lazy_initialization(keys, values)
             layer.keys, layer.values = keys, values
-        for path, source in recipe.flags:
+        for path, source in lr.flags:
             _set(layer, path, seq_len if source == FROM_SEQ_LEN else True)
     extra = sorted(set(state) - used)
     if extra:
-        raise KeyError(f"{family}: state has tensors no layer recipe consumes: {extra}")
+        raise KeyError(f"{recipe.name}: state has tensors no layer recipe consumes: {extra}")
     return cache
 
 
-def describe_state(family: str, model, state: dict[str, torch.Tensor]) -> list[dict[str, Any]]:
+def describe_state(recipe: FamilyRecipe, model,
+                   state: dict[str, torch.Tensor]) -> list[dict[str, Any]]:
     """One row per state tensor: name, shape, dtype, kind, shard axis/size, segment sizes and
     segment units (how many heads or groups a TP engine shards each segment into)."""
     config = model.config
     rows = []
-    for i, recipe in enumerate(_layer_recipes(family, model)):
-        for spec in recipe.tensors:
+    for i, lr in enumerate(_layer_recipes(recipe, model)):
+        for spec in lr.tensors:
             x = state[f"L{i}.{spec.name}"]
             rows.append(
                 dict(
                     name=f"L{i}.{spec.name}", shape=tuple(x.shape), dtype=str(x.dtype)[6:],
                     kind=spec.kind, attr=spec.attr, shard_axis=spec.shard_axis,
-                    shard_size=(_config_attr(config, spec.shard_size, family, spec.name)
+                    shard_size=(_config_attr(config, spec.shard_size, recipe, spec)
                                 if spec.shard_size else None),
-                    segments=[(label, _prod(config, attrs, family, spec.name))
+                    segments=[(label, _prod(config, attrs, recipe, spec))
                               for label, attrs in spec.segments],
-                    segment_units=[_config_attr(config, attrs[0], family, spec.name)
+                    segment_units=[_config_attr(config, attrs[0], recipe, spec)
                                    for _, attrs in spec.segments],
                 )
             )
@@ -387,24 +310,30 @@ def describe_state(family: str, model, state: dict[str, torch.Tensor]) -> list[d
 
 
 class RecipeError(ValueError):
-    """A family recipe that does not fit its model's config: a user's mistake, reported by
-    `pdc parity` as one located line, never as a traceback."""
+    """A parity recipe that does not fit its model's config: a user's mistake, reported by
+    `pdc parity` as one line naming the spec line, never as a traceback. `loc` is the spec
+    line (`file:line:col`), `message` and `hint` the rest."""
+
+    def __init__(self, loc: str, message: str, hint: str = ""):
+        super().__init__(f"{loc}: error: {message}" + (f"; hint: {hint}" if hint else ""))
+        self.loc, self.message, self.hint = loc, message, hint
 
 
-def _config_attr(config, attr: str, family: str, tensor: str) -> int:
+def _config_attr(config, attr: str, recipe: FamilyRecipe, tensor: StateTensor) -> int:
     if not hasattr(config, attr):
         raise RecipeError(
-            f"the recipe of '{family}' (FAMILIES['{family}'] in pdc/verify/hf_state.py), state "
-            f"tensor '{tensor}', reads config.{attr}, which {type(config).__name__} does not "
-            f"have; hint: name an attribute the config has (an MHA model has no "
-            f"num_key_value_heads: use num_attention_heads)")
+            tensor.loc or recipe.loc,
+            f"the parity recipe of '{recipe.name}', state tensor '{tensor.name}', reads "
+            f"config.{attr}, which {type(config).__name__} does not have",
+            "name an attribute the config has (an MHA model has no num_key_value_heads: use "
+            "num_attention_heads)")
     return getattr(config, attr)
 
 
-def _prod(config, attrs: tuple[str, ...], family: str, tensor: str) -> int:
+def _prod(config, attrs: tuple[str, ...], recipe: FamilyRecipe, tensor: StateTensor) -> int:
     n = 1
     for a in attrs:
-        n *= _config_attr(config, a, family, tensor)
+        n *= _config_attr(config, a, recipe, tensor)
     return n
 
 
@@ -438,16 +367,16 @@ def state_from_bytes(buf: bytes) -> dict[str, torch.Tensor]:
 
 
 def decode_from_payload(
-    family: str, dtype_name: str, payload: bytes, seq_len: int, first_token: int, steps: int,
+    recipe: FamilyRecipe, dtype_name: str, payload: bytes, seq_len: int, first_token: int, steps: int,
     seed: int = 0, threads: int | None = None,
 ) -> bytes:
     """Decode-process entry point: fresh model (same family/dtype/seed), rebuild the cache from
     serialized state, greedy-decode `steps` steps. Returns serialized {tokens, logits, flags}."""
     if threads:
         torch.set_num_threads(threads)
-    model = build_model(family, getattr(torch, dtype_name), seed)
-    cache = import_state(family, model, state_from_bytes(payload), seq_len)
-    flags = export_flags(family, model, cache)
+    model = build_model(recipe, getattr(torch, dtype_name), seed)
+    cache = import_state(recipe, model, state_from_bytes(payload), seq_len)
+    flags = export_flags(recipe, model, cache)
     tokens, logits = greedy_decode(model, cache, first_token, steps)
     out = {"tokens": tokens, "logits": logits}
     out.update({f"flag:{k}": torch.tensor(v) for k, v in flags.items()})

@@ -1,7 +1,7 @@
 """The model interface of the parity harness (Note [Parity models] in pdc/verify/__init__.py).
 
 A `ParityModel` is built inside a rank process (it imports torch); the parent only names it
-(`Binding.model`). State is a flat dict of tensors named as pdc.verify.hf_adapter.state_key says
+(the spec's `parity` block, read into a `Binding`). State is a flat dict of tensors named as pdc.verify.hf_adapter.state_key says
 (`L{layer}.{name}` per layer, `R.{name}` for request-wide state), rows token-major (Note
 [State layout] in pdc/verify/hf_state.py). Logits rows are what the judge compares bit for bit;
 `token_of` says which token a row produces.
@@ -38,17 +38,18 @@ class ParityModel(Protocol):
 
 
 class HfModel:
-    """A pdc.verify.hf_state family behind the ParityModel interface."""
+    """A transformers model of a pdc.verify.hf_state recipe behind the ParityModel
+    interface."""
 
     dp_padding = False
 
-    def __init__(self, family: str, dtype: str, seed: int = 0):
+    def __init__(self, recipe, dtype: str, seed: int = 0):
         import torch
 
         from pdc.verify import hf_state as H
 
-        self.H, self.family = H, family
-        self.model = H.build_model(family, getattr(torch, dtype), seed)
+        self.H, self.family = H, recipe
+        self.model = H.build_model(recipe, getattr(torch, dtype), seed)
         self.vocab_size = int(self.model.config.vocab_size)
 
     def chunked_prefill(self, prompt, bounds):
@@ -73,14 +74,17 @@ class HfModel:
         return self.H.describe_state(self.family, self.model, state)
 
 
-def build(model: str, layout, params: dict[str, int], dtype: str,
+def build(binding, layout, params: dict[str, int], dtype: str,
           seed: int = 0) -> ParityModel:
-    """`model` is `hf:<pdc.verify.hf_state family>` or `verify:<module of pdc.verify>`, whose
-    `build(layout, params, dtype, seed)` makes the toy from the family's (scaled) layout and
+    """The model of a spec's `parity` block (`binding`, a pdc.verify.hf_adapter.Binding): a
+    transformers model from the recipe in the spec file it names, or a toy of pdc.verify,
+    whose `build(layout, params, dtype, seed)` makes it from the family's (scaled) layout and
     the spec's evaluated params."""
-    kind, _, name = model.partition(":")
-    if kind == "hf":
-        return HfModel(name, dtype, seed)
-    if kind == "verify":
-        return importlib.import_module(f"pdc.verify.{name}").build(layout, params, dtype, seed)
-    raise ValueError(f"unknown parity model '{model}'")
+    if binding.kind == "transformers":
+        from pdc.verify.recipe import family_recipe
+
+        return HfModel(family_recipe(binding), dtype, seed)
+    if binding.kind == "toy":
+        return importlib.import_module(f"pdc.verify.{binding.model}").build(
+            layout, params, dtype, seed)
+    raise ValueError(f"unknown parity model kind '{binding.kind}'")

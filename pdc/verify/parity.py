@@ -39,10 +39,7 @@ import numpy as np
 
 from pdc.runtime.plan_types import dp_group_of_room
 
-from .hf_adapter import (
-    BINDINGS,
-    check_binding,
-)
+from .hf_adapter import check_binding
 from .parity_case import DTYPES, ROOM, Case, ParityError
 from .parity_judge import judge
 from .parity_workers import ParityWorkers
@@ -54,6 +51,7 @@ from .ranks import (
     allocate,
     chunk_plan,
 )
+from .recipe import binding_of
 
 # ~~~ the parent: prepare a case ~~~
 
@@ -63,7 +61,7 @@ def prepare(spec_path: str, prefill: str, decode: str, engine: str, dtype: str |
             steps: int = 10, seed: int = 0, timeout_s: float = 30.0,
             drop: tuple[str, ...] = (), params: tuple[tuple[str, int], ...] = ()) -> Case:
     """Load, lower and check everything the parent can; raises ParityError."""
-    from pdc.compiler.diagnostics import SpecErrors
+    from pdc.compiler.diagnostics import Diagnostic, SpecErrors
     from pdc.compiler.family import plan_spec
     from pdc.compiler.frontend import load_spec
     from pdc.compiler.topology import parse_side_arg
@@ -85,10 +83,17 @@ def prepare(spec_path: str, prefill: str, decode: str, engine: str, dtype: str |
                               "(decode dp > 1 runs it on one DP group, the others idle)")
         page = sides[0][0].get("page_size") or sides[1][0].get("page_size")
         spec = load_spec(spec_path)
-        binding = BINDINGS.get(spec.family)
+        binding = binding_of(spec, spec_path)
         if binding is None:
-            raise ParityError(f"no parity model bound to family '{spec.family}'; pdc parity "
-                              f"knows {', '.join(sorted(BINDINGS))} (pdc/verify/hf_adapter.py)")
+            raise ParityError(f"{spec_path} has no `parity` block: pdc parity needs the tiny "
+                              "model to run the family on and the state tensor each component "
+                              "carries (docs/adding-a-family.md, step 7)")
+        if binding.kind == "toy" and importlib.util.find_spec(
+                f"pdc.verify.{binding.model}") is None:
+            raise ParityError(f"{binding.loc}: error: `parity.toy` names '{binding.model}', "
+                              "which is no module of pdc.verify; hint: a toy is one of pdc's "
+                              "own models (seed_qwen38, seed_glm52); a transformers model is "
+                              "named by `parity.transformers`")
         # The binding's scaled sizes, the sides' page size, then --param (last one wins).
         wanted = dict(binding.params)
         if page:
@@ -118,18 +123,13 @@ def prepare(spec_path: str, prefill: str, decode: str, engine: str, dtype: str |
     page_size = topo.prefill.page_size
     if topo.decode.dp > 1 and not binding.dp_attention:
         raise ParityError(f"decode dp={topo.decode.dp} needs a model with DP attention "
-                          f"padding; the {binding.hf_family} model has none (use dp=1)")
+                          f"padding; the {binding.model} model has none (use dp=1)")
     if chunk_tokens is None:
         chunk_tokens = 2 * page_size
     if chunk_tokens % page_size:
         raise ParityError(f"--chunk {chunk_tokens} is not a multiple of the page size "
                           f"{page_size}: chunks end on page boundaries")
-    try:
-        generated = importlib.import_module(f"pdc.generated.{spec.py_name}.layout").LAYOUT
-    except ImportError:
-        raise ParityError(f"generated/{spec.py_name}/ is missing; run `pdc compile "
-                          f"{spec_path}`") from None
-    same = dataclasses.replace(layout, spec_path=generated.spec_path) == generated
+    same = _same_as_generated(layout, spec, spec_path)
     unknown = sorted(set(drop) - {c.name for c in layout.components})
     if unknown:
         raise ParityError(f"--drop names no component of {spec.family}: {', '.join(unknown)}")
@@ -141,11 +141,15 @@ def prepare(spec_path: str, prefill: str, decode: str, engine: str, dtype: str |
         raise ParityError(f"{' and '.join(missing)} not installed: pip install -e '.[kernels,hf]'")
     env = tuple(sorted(spec.env.items()))
     probe = workers.probe(binding, layout, env, model_dtype, tokens)
+    if probe.get("located"):  # a recipe mistake: one line naming the spec line
+        where, message, hint = probe["located"]
+        raise ParityError(probe["error"], diagnostics=(Diagnostic(_location(where), message,
+                                                                  hint),))
     if "error" in probe:
         raise ParityError(f"{spec_path}: {probe['error']}")
     problems = check_binding(layout, binding, probe["rows"], tokens, page_size)
     if problems:
-        raise ParityError(f"{spec_path} does not fit the {binding.hf_family} model's cache "
+        raise ParityError(f"{spec_path} does not fit the {binding.model} model's cache "
                           f"({model_dtype}, {tokens} tokens):\n  " + "\n  ".join(problems))
     rng = np.random.default_rng(seed)
     prompt = tuple(int(x) for x in rng.integers(3, probe["vocab_size"], tokens))
@@ -164,6 +168,33 @@ def prepare(spec_path: str, prefill: str, decode: str, engine: str, dtype: str |
                 plan.to_json(), None if same else layout, prompt, chunk_tokens, steps,
                 req.ids, pages, slots, tuple(roles), model_worker, timeout_s,
                 topo.describe(), family.fingerprint, env, group)
+
+
+def _same_as_generated(layout, spec, spec_path: str) -> bool:
+    """Whether the workers may load the family's generated module (else the parent ships
+    them the layout it compiled). A spec of pdc's package must have its module; a user's
+    spec (from a folder of their own, Note [Spec path]) is compiled here, in memory."""
+    from pathlib import Path
+
+    try:
+        generated = importlib.import_module(f"pdc.generated.{spec.py_name}.layout").LAYOUT
+    except ImportError:
+        ours = Path(__file__).resolve().parents[2] / "specs"
+        if Path(spec_path).resolve().parent == ours:
+            raise ParityError(f"generated/{spec.py_name}/ is missing; run `pdc compile "
+                              f"{spec_path}`") from None
+        return False
+    return dataclasses.replace(layout, spec_path=generated.spec_path) == generated
+
+
+def _location(text: str):
+    from pdc.compiler.diagnostics import Location
+
+    rest, _, col = text.rpartition(":")
+    file, _, line = rest.rpartition(":")
+    if line.isdigit() and col.isdigit():
+        return Location(file, int(line), int(col))
+    return Location(text)
 
 
 def _drop(plan, names: set[str]):
@@ -236,7 +267,7 @@ def run_parity(specs: list[str], prefill: str = "tp=1", decode: str = "tp=1",
                                 json.loads(case.plan_json)["topology"]["prefill"]["page_size"])
             # every line within 100 columns (Note [Console output]): the topology on a line
             # of its own when it does not fit, continuations under the value
-            head = f"pdc parity: {case.family} ({case.binding.hf_family}, {case.dtype})"
+            head = f"pdc parity: {case.family} ({case.binding.model}, {case.dtype})"
             print(wrap(f"{head} {case.describe}") if len(head) + len(case.describe) < 100
                   else f"{wrap(head)}\n{wrap('  ' + case.describe, indent='    ')}", file=out)
             print(wrap(f"  prompt   {len(case.prompt)} tokens in {len(chunks)} chunks ("
@@ -256,7 +287,7 @@ def run_parity(specs: list[str], prefill: str = "tp=1", decode: str = "tp=1",
                   + (" (worker start-up included)" if first_case else ""), file=out)
             results.append({
                 "spec": spec, "ok": verdict.ok, "ran": True, "family": case.family,
-                "hf_family": case.binding.hf_family, "dtype": case.dtype,
+                "model": case.binding.model, "dtype": case.dtype,
                 "topology": case.describe, "prompt_tokens": len(case.prompt),
                 "chunks": [c.end_token - c.start_token for c in chunks], "steps": case.steps,
                 "tokens": verdict.tokens, "report": verdict.lines,

@@ -45,16 +45,11 @@ class _Worker:
 
     def __init__(self, index: int, gather_q, threads: int):
         import torch
-        import transformers
+        import transformers  # noqa: F401 - imported while the workers start side by side
 
-        from pdc.verify import hf_state as H
+        from pdc.verify import hf_state  # noqa: F401
 
         torch.set_num_threads(threads)
-        # Import every family's modeling code now, while the workers start side by side,
-        # not in the first case that needs it.
-        for recipe in H.FAMILIES.values():
-            getattr(transformers, recipe.config_class)
-            getattr(transformers, recipe.model_class)
         self.index = index
         self.gather_q = gather_q
         self.engines: dict = {}
@@ -64,10 +59,9 @@ class _Worker:
         """The case's model (Note [Parity models] in pdc/verify), kept across cases."""
         from pdc.verify import models
 
-        name = binding.model_name
-        key = (name, dtype) + ((layout, params) if name.startswith("verify:") else ())
+        key = (binding, dtype) + ((layout, params) if binding.kind == "toy" else ())
         if key not in self.models:
-            self.models[key] = models.build(name, layout, dict(params), dtype)
+            self.models[key] = models.build(binding, layout, dict(params), dtype)
         return self.models[key]
 
     def engine(self, name: str):
@@ -94,7 +88,10 @@ class _Worker:
             *_, (cache, _) = model.chunked_prefill(prompt, [(0, n_tokens)])
             rows = model.describe_state(model.export_state(cache))
         except Exception as e:  # noqa: BLE001 - every failure of user code is reported
-            return {"error": probe_error(e, binding.hf_family)}
+            from pdc.verify.hf_state import RecipeError
+
+            located = (e.loc, e.message, e.hint) if isinstance(e, RecipeError) else None
+            return {"error": probe_error(e, binding.model), "located": located}
         return {"rows": rows, "vocab_size": model.vocab_size}
 
     # ~~~ one case ~~~
@@ -285,7 +282,7 @@ class _Worker:
         from pdc.verify import hf_state as H
         from pdc.verify import models
 
-        model = models.build(case.binding.model_name, layout, dict(case.params), case.dtype)
+        model = models.build(case.binding, layout, dict(case.params), case.dtype)
         chunks = chunk_plan(len(case.prompt), case.chunk_tokens, plan.topology.prefill.page_size)
         prompt = torch.tensor(case.prompt, dtype=torch.long)
         *_, (cache, logits0) = model.chunked_prefill(
@@ -314,7 +311,7 @@ def _wait(poll, timeout_s: float, KVPoll) -> str:
     return "Timeout"
 
 
-def probe_error(e: Exception, hf_family: str) -> str:
+def probe_error(e: Exception, model: str) -> str:
     """One line for a failed probe: a RecipeError says everything itself; any other error is
     named with the innermost line of pdc's model recipes (pdc/verify/) it came from."""
     import traceback
@@ -329,7 +326,7 @@ def probe_error(e: Exception, hf_family: str) -> str:
         if "verify" in parts and parts[-1].endswith(".py"):
             where = f" at pdc/verify/{parts[-1]}:{frame.lineno} ({frame.line})"
             break
-    return (f"the {hf_family} model failed to build or export its cache{where}: "
+    return (f"the {model} model failed to build or export its cache{where}: "
             f"{type(e).__name__}: {e}")
 
 
@@ -404,7 +401,7 @@ class ParityWorkers:
         return msg
 
     def probe(self, binding: Binding, layout, params: tuple, dtype: str, n_tokens: int) -> dict:
-        key = (binding.model_name, layout, params, dtype, n_tokens)
+        key = (binding, layout, params, dtype, n_tokens)
         if key not in self._probes:
             try:
                 self.ensure(1)

@@ -193,7 +193,7 @@ class Fuzzer:
         return W.Register(side=W.PeerSide.DECODE, dp_group=dp, rank=reg.rank,
                           page_size=page_size or h.topo.decode.page_size,
                           plan_digest=digest or bytes.fromhex(h.plan.digest()),
-                          agent_info=agent, control_endpoint="",
+                          agent_info=agent, instance="",
                           sections=wire.registration_sections(buffers))
 
     def _bad_register(self, W, wire, reg, rng, n):

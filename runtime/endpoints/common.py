@@ -54,8 +54,10 @@ def check_backend(plan: Plan, engine: TransferEngine) -> None:
             f"'{plan.topology.backend}' engine")
 
 
-def _peer_name(side: str, dp: int, rank: RankId) -> str:
-    return f"{side}.dp{dp}.{rank}"
+def _peer_name(side: str, dp: int, rank: RankId, instance: str = "") -> str:
+    """`decode.dp0.pp0.tp0`, with `@instance` when the rank names its decode instance (Note
+    [Decode instances] in handshake.py)."""
+    return f"{side}.dp{dp}.{rank}" + (f"@{instance}" if instance else "")
 
 
 def _clip(reason: str) -> str:

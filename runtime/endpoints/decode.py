@@ -46,11 +46,14 @@ class DecodeEndpoint(DecodeHandshake, DecodeLiveness, DecodeStaging):
     def __init__(self, layout: FamilyLayout, wire_module, plan: Plan, rank: RankId,
                  dp_group: int, engine: TransferEngine, pools: RankPools, bootstrap: str,
                  metrics: TransferMetrics | RecordBuffer | None = None,
-                 faults: Faults = NO_FAULTS):
+                 faults: Faults = NO_FAULTS, instance: str = ""):
+        """`instance` names the decode server this rank belongs to, for prefill ranks that
+        serve several that do not number themselves (Note [Decode instances])."""
         check_backend(plan, engine)
         self.faults = faults  # Note [Fault hooks]; NO_FAULTS when serving
         self.metrics = metrics  # per-request records (runtime/metrics.py); None: log knob only
         self.rank_label = f"dp{dp_group}.pp{rank.pp}.tp{rank.tp}"
+        self.instance = instance
         self.transport = engine.transport()  # Note [Reported transport]
         self.layout = layout
         self.wire = wire_module
@@ -101,7 +104,7 @@ class DecodeEndpoint(DecodeHandshake, DecodeLiveness, DecodeStaging):
         reg = W.Register(
             side=W.PeerSide.DECODE, dp_group=dp_group, rank=rank,
             page_size=plan.topology.decode.page_size, plan_digest=bytes.fromhex(plan.digest()),
-            agent_info=engine.agent_info(), control_endpoint="",
+            agent_info=engine.agent_info(), instance=instance,
             sections=self.wire.registration_sections(buffers),
             staging_addr=self.arena.base if self.arena is not None else 0,
             staging_bytes=len(self.arena.buf) if self.arena is not None else 0)
@@ -162,6 +165,7 @@ class DecodeEndpoint(DecodeHandshake, DecodeLiveness, DecodeStaging):
         """Fail a request and tell every source that may still write to stop."""
         if rv.state in TERMINAL:
             return
+        self._settle(rv, wait=True, finish=False)  # no page back while its scatter runs
         rv.state, rv.reason = KVPoll.Failed, reason
         self.counters["failed"] += 1
         self._record(rv)
@@ -188,11 +192,17 @@ class DecodeEndpoint(DecodeHandshake, DecodeLiveness, DecodeStaging):
             self.counters["quarantined"] += 1
 
     def _complete(self, rv: _Recv) -> None:
-        """Every source reported Success: scatter staged bytes, verify, then Success."""
+        """Every source reported Success: scatter staged bytes, verify, then Success (at once,
+        or once a queued scatter has ended: Note [Scatter by event])."""
         why = self._unstage(rv)
         if why:
             self._fail(rv, why)
             return
+        if rv.scatter is None:
+            self._succeed(rv)
+
+    def _succeed(self, rv: _Recv) -> None:
+        """The request's bytes are in the pools: verify, then Success."""
         if knobs.get("checksum"):
             why = self._verify_checksums(rv)
             if why:
@@ -307,11 +317,13 @@ class DecodeReceiver:
             self._rv = ep.recvs[key] = _Recv(room, generation, sources, t_arrived=arrived)
 
     def init(self, page_ids, prefix_len: int = 0, *, slot: int = -1, ring_slot: int = -1,
-             aux_row: int = -1, window_page_ids=None) -> None:
-        """Tell prefill where this request's state goes (decode pool ids)."""
+             aux_row: int = -1, window_page_ids=None, layer_slots=None) -> None:
+        """Tell prefill where this request's state goes (decode pool ids). `layer_slots`:
+        {layer id: slot} when the state layers have a slot each (Note [Layer slots])."""
         window = np.asarray(window_page_ids if window_page_ids is not None else [], np.int64)
+        per_layer = tuple(sorted((int(i), int(s)) for i, s in (layer_slots or {}).items()))
         target = DecodeTarget(np.asarray(page_ids, np.int64), prefix_len, slot, ring_slot,
-                              aux_row, window)
+                              aux_row, window, per_layer)
         ep = self.ep
         items = staging.request_items(ep.layout, target, ep.page_size)
         with ep.lock:
@@ -333,11 +345,13 @@ class DecodeReceiver:
                 room=self.room, generation=self.generation, decode_rank=ep.rank,
                 dst_page_ids=target.page_ids, decode_prefix_tokens=prefix_len, slot=slot,
                 ring_slot=ring_slot, aux_row=aux_row, window_page_ids=window,
+                layer_slots=np.array([x for pair in per_layer for x in pair], np.int64),
                 staging_addr=addr, staging_bytes=nbytes)))
 
     def poll(self) -> KVPoll:
         with self.ep.lock:
             rv = self._rv
+            self.ep._settle(rv)  # Note [Scatter by event]
             state = rv.state
             first = state in TERMINAL and not rv.seen
             rv.seen = rv.seen or first
@@ -419,6 +433,7 @@ class DecodeReceiver:
         the caller gave up waiting, so it must not reuse them."""
         with self.ep.lock:
             rv = self._rv
+            self.ep._settle(rv, wait=True)  # its last sources succeeded: it ends now
             if self.ep._page_state(rv) in (PageState.IN_USE, PageState.PENDING):
                 self.ep._fail(rv, "released before it finished")
                 self.ep._quarantine(rv)

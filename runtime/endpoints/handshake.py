@@ -44,8 +44,10 @@ def _check_target(layout: FamilyLayout, remote: dict, t: DecodeTarget) -> str:
         elif comp.index == "window":
             ids = t.window_page_ids if t.window_page_ids is not None else np.array([], np.int64)
             what = "window page"
-        elif comp.index == "slot":
-            ids, what = np.array([t.slot]), "slot"
+        elif comp.index == "slot":  # one slot, or one per layer (Note [Layer slots])
+            ids = np.array([s for i, s in t.layer_slots if i in comp.layer_ids]
+                           if t.layer_slots else [t.slot], np.int64)
+            what = "slot"
         elif comp.index == "aux":
             ids, what = np.array([t.aux_row]), "aux row"
         else:
@@ -58,8 +60,26 @@ def _check_target(layout: FamilyLayout, remote: dict, t: DecodeTarget) -> str:
     return ""
 
 
+# How many replaced incarnations a prefill rank remembers by connection, to tell two live
+# decode servers that share an instance name from a restart (Note [Decode instances]).
+SUPERSEDED_KEPT = 64
+
+
 class PrefillHandshake(PrefillHost):
-    """Registrations arriving at a prefill rank (hub thread); part of PrefillEndpoint."""
+    """Registrations arriving at a prefill rank (hub thread); part of PrefillEndpoint.
+
+    Note [Decode instances]: a prefill rank may serve many decode servers (xPyD) that do not
+    number themselves: each one's plan has one decode DP group, so all of them register as
+    decode rank pp0.tp0 of group 0. A registration therefore names its decode instance
+    (`Register.instance`, e.g. the decode server's advertised address and port; "" when the
+    deployment numbers its decode engines as DP groups instead, Note [DP routing]), and a
+    prefill rank keeps one registration per (instance, DP group, rank). A room belongs to
+    the instance whose TransferRequest came first: requests and aborts for it from another
+    instance are refused, and a silent or restarted peer fails only its own instance's rooms.
+    The same key registering again from another connection is a restart (the old
+    incarnation's rooms fail); if the replaced connection then still sends, two live decode
+    servers share one instance name, and its requests are refused saying so.
+    """
 
     def _validate_register(self, msg) -> str:
         if msg.side != W.PeerSide.DECODE:
@@ -96,7 +116,7 @@ class PrefillHandshake(PrefillHost):
         if why:
             self._reject(identity, "register", why)
             return
-        key = (msg.dp_group, msg.rank)
+        key = (msg.instance, msg.dp_group, msg.rank)
         old = self.peers.get(key)
         if old is not None and old.identity == identity and old.agent_info == msg.agent_info:
             self._reply(identity, self._status(REG_ROOM, 0, KVPoll.WaitingForInput))
@@ -105,6 +125,10 @@ class PrefillHandshake(PrefillHost):
         if msg.agent_info not in self.engine_peers and len(self.engine_peers) >= limit:
             self._reject(identity, "register",
                          f"too many transfer-engine peers on this prefill rank (limit {limit})")
+            return
+        if old is None and len(self.peers) >= limit:  # one per instance name: bounded too
+            self._reject(identity, "register",
+                         f"too many registered decode ranks on this prefill rank (limit {limit})")
             return
         try:
             engine_peer = self.engine.connect(msg.agent_info)
@@ -119,26 +143,31 @@ class PrefillHandshake(PrefillHost):
                         for e in section.entries]
             for comp, section in zip(self.layout.components, msg.sections, strict=True)
         }
-        name = _peer_name("decode", msg.dp_group, msg.rank)
+        name = _peer_name("decode", msg.dp_group, msg.rank, msg.instance)
         new = _Peer(name, identity, msg.agent_info, engine_peer, remote, msg.dp_group, msg.rank,
-                    (msg.staging_addr, msg.staging_bytes))
+                    (msg.staging_addr, msg.staging_bytes), msg.instance)
         with self.lock:
             if old is not None:
                 # A restarted decode rank: its earlier requests name pages of a process that
                 # is gone, and no byte of them may land in the new one; rooms still waiting
                 # for its request would wait for a request that the new process never sends.
                 self.counters["reregistrations"] += 1
-                self.by_identity.pop(old.identity, None)
+                if self.by_identity.pop(old.identity, None) is not None and \
+                        old.identity != identity:
+                    self.superseded[old.identity] = old
+                    while len(self.superseded) > SUPERSEDED_KEPT:
+                        self.superseded.popitem(last=False)
                 for r in self.rooms.values():
                     if any(t.peer is old for t in r.targets.values()) or (
                             msg.rank not in r.targets and r.state not in TERMINAL and
-                            self._decode_group(r) == msg.dp_group):
+                            self._waits_on(r, msg.instance, msg.dp_group)):
                         r.fail(f"decode rank {name} registered again (restarted); requests of "
                                "its previous incarnation fail")
             if old is not None:
                 self.liveness.forget(old)
             self.peers[key] = new
             self.by_identity[identity] = new
+            self.superseded.pop(identity, None)
             self.liveness.add(new, time.monotonic())
         self.counters["registrations"] += 1
         self._reply(identity, self._status(REG_ROOM, 0, KVPoll.WaitingForInput))
@@ -148,6 +177,17 @@ class PrefillHandshake(PrefillHost):
         if rank not in self.links:
             return f"decode rank {rank} has no link to prefill rank {self.rank}"
         peer = self.by_identity.get(identity)
+        if peer is None and identity in self.superseded:
+            old = self.superseded[identity]
+            why = (f"room {room}: decode rank {old.name} registered again from another "
+                   "connection while this one still sends: ")
+            if old.instance:
+                return why + (f"two decode servers share the instance name {old.instance!r}; "
+                              "hint: give each decode server its own address and port (Note "
+                              "[Decode instances])")
+            return why + ("two decode servers registered as the same rank without instance "
+                          "names; hint: number them as decode DP groups or name their "
+                          "instances (Note [Decode instances])")
         if peer is None or peer.rank != rank:
             return f"room {room}: this connection did not register as decode rank {rank}"
         return peer

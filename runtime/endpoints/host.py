@@ -56,8 +56,9 @@ class PrefillHost:
     finished: OrderedDict[int, _Final]
     _all_ids: set[int]
     _waiting_events: list
-    peers: dict[tuple[int, RankId], _Peer]
+    peers: dict[tuple[str, int, RankId], _Peer]
     by_identity: dict[bytes, _Peer]
+    superseded: OrderedDict[bytes, _Peer]
     engine_peers: set[bytes]
     counters: Counter[str]
     _stop: threading.Event
@@ -85,6 +86,8 @@ class PrefillHost:
                 generation: int = 0) -> None: ...
     @abstractmethod
     def _decode_group(self, r: _Room) -> int: ...
+    @abstractmethod
+    def _waits_on(self, r: _Room, instance: str, dp: int) -> bool: ...
     @abstractmethod
     def _on_request(self, identity: bytes, msg: Any) -> None: ...
 
@@ -140,6 +143,8 @@ class DecodeHost:
     @abstractmethod
     def _fail(self, rv: _Recv, reason: str) -> None: ...
     @abstractmethod
+    def _succeed(self, rv: _Recv) -> None: ...
+    @abstractmethod
     def _page_state(self, rv: _Recv) -> PageState: ...
     @abstractmethod
     def _quarantine(self, rv: _Recv) -> None: ...
@@ -151,3 +156,5 @@ class DecodeHost:
     # DecodeStaging (staged.py)
     @abstractmethod
     def _free_staging(self, rv: _Recv) -> None: ...
+    @abstractmethod
+    def _settle(self, rv: _Recv, wait: bool = False, finish: bool = True) -> bool: ...

@@ -50,7 +50,7 @@ class PrefillLiveness(PrefillHost):
                             self.rank, p.name, dead_after, self.liveness.max_stall_s * 1e3)
                 for r in self.rooms.values():
                     if p.rank in self.links and r.state not in TERMINAL and \
-                            self._decode_group(r) == p.dp:
+                            self._waits_on(r, p.instance, p.dp):
                         r.fail(f"decode peer {p.name} silent for {dead_after} s")
 
 
@@ -100,6 +100,8 @@ class DecodeLiveness(DecodeHost):
                     continue
                 if rv.state == KVPoll.Success or not rv.requested:
                     continue
+                if not self._settle(rv) or rv.succeeded.keys() >= rv.expected:
+                    continue  # every source succeeded: a queued scatter ends it, no deadline
                 missing = sorted(rv.expected - rv.succeeded.keys())
                 if now > rv.deadline:
                     self._fail(rv, f"timed out after {knobs.get('transfer_timeout_s')} s "

@@ -82,8 +82,13 @@ class PrefillEndpoint(PrefillHandshake, PrefillControl, PrefillLiveness, Prefill
         # (event, mark, [(use, its streaming chunks)]) of layer_done / forward_done calls whose
         # CUDA event had not completed yet, in call order
         self._waiting_events: list = []
-        self.peers: dict[tuple[int, RankId], _Peer] = {}
+        # (decode instance, DP group, rank) -> its registered incarnation (Note [Decode
+        # instances] in handshake.py)
+        self.peers: dict[tuple[str, int, RankId], _Peer] = {}
         self.by_identity: dict[bytes, _Peer] = {}
+        # connection -> the incarnation a later registration replaced (bounded): one still
+        # sending means two live decode servers share an instance name
+        self.superseded: OrderedDict[bytes, _Peer] = OrderedDict()
         self.engine_peers: set[bytes] = set()  # agent infos connected (max_registrations)
         self.counters: Counter = Counter()
         self._stop = threading.Event()
@@ -251,15 +256,19 @@ class PrefillSender:
 
     def send(self, page_ids, page_start: int, last_chunk: bool, seq_len: int, *, slot: int = -1,
              ring_slot: int = -1, aux_row: int = -1, window_page_ids=None,
-             stream: bool = False) -> None:
+             stream: bool = False, layer_slots=None) -> None:
         """Queue one chunk: its pages (absolute positions page_start..), and with the last
-        chunk the slot / ring / aux ids. `stream=True` holds each layer until layer_done().
+        chunk the slot / ring / aux ids (`layer_slots`: {layer id: slot} when the state
+        layers have a slot each, Note [Layer slots]). `stream=True` holds each layer until
+        layer_done().
         A chunk for a use that already failed (e.g. decode aborted) is dropped: poll() says
         Failed and why."""
         chunk = PrefillChunk(page_start, np.asarray(page_ids, np.int64), last_chunk, seq_len,
                              slot, ring_slot, aux_row,
                              None if window_page_ids is None else np.asarray(window_page_ids,
-                                                                             np.int64))
+                                                                             np.int64),
+                             tuple(sorted((int(i), int(s))
+                                          for i, s in (layer_slots or {}).items())))
         with self.ep.lock:
             r = self._r
             if r.last_seen:

@@ -85,6 +85,23 @@ class PrefillControl(PrefillHost):
             return r.decode_dp
         return dp_group_of_room(r.room, self.plan.topology.decode.dp)
 
+    def _waits_on(self, r: _Room, instance: str, dp: int) -> bool:
+        """May room `r` be waiting on decode group `dp` of `instance`? A room learns its
+        instance from its first TransferRequest (Note [Decode instances]); before that, only
+        when every registered decode rank is of that instance."""
+        if r.decode_instance is None:
+            if any(p.instance != instance for p in self.peers.values()):
+                return False
+        elif r.decode_instance != instance:
+            return False
+        return self._decode_group(r) == dp
+
+    def _other_instance(self, r: _Room, peer: _Peer) -> str:
+        if r.decode_instance is None or r.decode_instance == peer.instance:
+            return ""
+        return (f"room {r.room} is served by decode instance {r.decode_instance!r}, and "
+                f"{peer.name} is of instance {peer.instance!r}")
+
     def _other_group(self, r: _Room, peer: _Peer) -> str:
         if r.decode_dp is None or r.decode_dp == peer.dp:
             return ""
@@ -100,7 +117,9 @@ class PrefillControl(PrefillHost):
             return
         target = DecodeTarget(
             np.asarray(msg.dst_page_ids, np.int64), int(msg.decode_prefix_tokens), msg.slot,
-            msg.ring_slot, msg.aux_row, np.asarray(msg.window_page_ids, np.int64))
+            msg.ring_slot, msg.aux_row, np.asarray(msg.window_page_ids, np.int64),
+            tuple(zip(msg.layer_slots[0::2].tolist(), msg.layer_slots[1::2].tolist(),
+                      strict=True)))
         why = _check_target(self.layout, peer.remote, target)
         staged = None
         if not why and msg.staging_bytes:
@@ -125,6 +144,10 @@ class PrefillControl(PrefillHost):
                 r = self._new_room(room)
                 r.created_by = peer
                 peer.rooms_created += 1
+            other = self._other_instance(r, peer)
+            if other:  # before the generations: another instance's uses are not this room's
+                self._reject(identity, "request", other, room, gen)
+                return
             if r.generation is not None and gen < r.generation:
                 self.counters["stale_requests"] += 1
                 return  # decode has moved on to a newer use of this room
@@ -143,7 +166,7 @@ class PrefillControl(PrefillHost):
                 return
             if r.state == KVPoll.Failed:
                 return  # the use is draining; its Failed status goes to this rank too
-            r.decode_dp = peer.dp
+            r.decode_dp, r.decode_instance = peer.dp, peer.instance
             if rank in r.targets:
                 self.counters["duplicate_requests"] += 1
                 return
@@ -185,6 +208,10 @@ class PrefillControl(PrefillHost):
                     # Aborted before this rank saw the room: remember it for a late sender.
                     self._remember(room, _Final(KVPoll.Failed, "aborted by decode", gen, False))
                 self._reply(identity, ack)  # a retired use has nothing in flight
+                return
+            other = self._other_instance(r, peer)
+            if other:
+                self._reject(identity, "abort", f"abort refused: {other}")
                 return
             if r.generation is not None and gen < r.generation:
                 self._reply(identity, ack)  # that use retired (drained) before this began

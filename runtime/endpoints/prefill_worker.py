@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import integrity, knobs
 from .. import wire as W
-from ..datapath import build_descriptors, component_pairs
+from ..datapath import DescriptorTemplate, component_pairs
 from ..engines.base import BatchState, TransferError
 from ..indices import (
     IndexError_,
@@ -43,8 +43,9 @@ class PrefillWorker(PrefillHost):
     """Part of PrefillEndpoint (prefill.py), whose state these methods use."""
 
     def _peers_of(self, r: _Room) -> list[tuple[RankId, _Peer | None]]:
-        g = self._decode_group(r)
-        return [(d, self.peers.get((g, d))) for d in self.links]
+        g, inst = self._decode_group(r), r.decode_instance
+        # No request yet: the instance is unknown ("" stands for the only one it can be)
+        return [(d, self.peers.get((inst or "", g, d))) for d in self.links]
 
     def _work(self) -> None:
         sleep_s = knobs.get("poll_sleep_s")
@@ -189,8 +190,12 @@ class PrefillWorker(PrefillHost):
         """Issue one chunk's writes (`layers`: only these; None: all) to every decode target."""
         for d, t in r.targets.items():
             pairs = self._pairs(c, d, t)
-            desc = build_descriptors(self.links[d], self.local, t.peer.remote, pairs, layers,
-                                     whole_only=t.staged is not None)
+            whole_only = t.staged is not None
+            tmpl = t.peer.templates.get(whole_only)
+            if tmpl is None:
+                tmpl = t.peer.templates[whole_only] = DescriptorTemplate.of(
+                    self.links[d], self.local, t.peer.remote, whole_only)
+            desc = tmpl.build(pairs, layers)
             src, dst, nbytes = desc.src, desc.dst, desc.nbytes
             if t.staged is not None:
                 s2, d2, n2 = self._gather(c, t, self.links[d], layers)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import knobs, staging
+from ..datapath import DescriptorTemplate
 from ..indices import (
     DecodeTarget,
     PrefillChunk,
@@ -41,8 +42,10 @@ class _Peer:
     """One incarnation of a registered decode rank."""
 
     def __init__(self, name: str, identity: bytes, agent_info: bytes, engine_peer: str,
-                 remote: dict, dp: int, rank: RankId, staging_arena: tuple[int, int] = (0, 0)):
+                 remote: dict, dp: int, rank: RankId, staging_arena: tuple[int, int] = (0, 0),
+                 instance: str = ""):
         self.name = name
+        self.instance = instance  # its decode instance (Note [Decode instances])
         self.staging_arena = staging_arena  # (address, bytes) decode registered for staging
         self.identity = identity
         self.agent_info = agent_info
@@ -51,6 +54,8 @@ class _Peer:
         self.dp = dp
         self.rank = rank
         self.rooms_created = 0  # live rooms its requests created (max_pending_rooms_per_peer)
+        # whole_only -> the link's DescriptorTemplate (Note [Descriptor templates]); worker only
+        self.templates: dict[bool, DescriptorTemplate] = {}
 
 
 @dataclass
@@ -96,6 +101,7 @@ class _Room:
     retired: bool = False
     created_by: _Peer | None = None  # the peer whose request created the room
     decode_dp: int | None = None  # decode DP group serving it (Note [DP routing]); None: unknown
+    decode_instance: str | None = None  # the decode instance serving it (Note [Decode instances])
     t_requested: float = 0.0  # every linked decode rank's TransferRequest arrived
     t_forward_done: float = 0.0  # the forward wrote the last chunk (Note [Timeline stamps])
     remap_saved: list = field(default_factory=list)  # (row view, original bytes), Note [Slot-valued state]
@@ -145,3 +151,5 @@ class _Recv:
     t_arrived: float = 0.0  # the serving engine first saw the request (receiver(arrived=))
     seen: bool = False  # the serving engine's poll() saw the terminal state
     descriptors: int = 0  # what the prefill ranks submitted for it (their Success statuses)
+    # The staged scatter's CUDA event while it runs (Note [Scatter by event]); None after
+    scatter: Any = None

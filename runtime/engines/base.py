@@ -25,6 +25,7 @@ Contract:
 from __future__ import annotations
 
 import enum
+import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -256,9 +257,51 @@ class RegionTable:
             return np.arange(addr.size)
         starts = np.array([a for a, _ in items], dtype=np.uint64)
         ends = np.array([a + n for a, n in items], dtype=np.uint64)
+        if addr.size > 64:
+            # Most writes lie inside one registration (a pool arena): three reductions then
+            # decide for all, instead of a binary search per descriptor. (Descriptors that
+            # wrap the address space were refused before, by as_descriptors.)
+            lo, hi = int(addr.min()), int((addr + nbytes).max())
+            k = int(np.searchsorted(starts, np.uint64(lo), side="right")) - 1
+            if k >= 0 and hi <= int(ends[k]):
+                return np.zeros(0, np.int64)
         # The only candidate range is the last one starting at or below addr.
         slot = np.searchsorted(starts, addr, side="right").astype(np.int64) - 1
         inside = slot >= 0
         safe = np.where(inside, slot, 0)
         inside &= addr + nbytes <= ends[safe]
         return np.flatnonzero(~inside)
+
+
+class SharedRegistrations:
+    """One transfer engine as each of several endpoints sees it: a decode server with
+    endpoints to many prefill servers (Note [Many engines] in integrations/vllm/links.py)
+    registers the same cache regions once per endpoint, which the engine registers once
+    (Mooncake refuses a second registration of a range) and deregisters when the last
+    endpoint that registered it lets go; everything else goes to the engine."""
+
+    def __init__(self, engine) -> None:
+        self._engine = engine
+        self._holders: dict[tuple[int, int], int] = {}  # (addr, nbytes) -> registrations
+        self._lock = threading.Lock()
+
+    def register(self, addr: int, nbytes: int) -> None:
+        with self._lock:
+            held = self._holders.get((addr, nbytes), 0)
+            if not held:
+                self._engine.register(addr, nbytes)
+            self._holders[(addr, nbytes)] = held + 1
+
+    def deregister(self, addr: int) -> None:
+        with self._lock:
+            key = next((k for k in self._holders if k[0] == addr), None)
+            if key is None:
+                self._engine.deregister(addr)  # the engine's own error for an unknown range
+                return
+            self._holders[key] -= 1
+            if not self._holders[key]:
+                del self._holders[key]
+                self._engine.deregister(addr)
+
+    def __getattr__(self, name: str):
+        return getattr(self._engine, name)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import queue
 import threading
 
 import numpy as np
@@ -167,6 +168,8 @@ class _IpcPeer:
 
     def translate(self, addr: np.ndarray) -> np.ndarray:
         """Peer addresses (known to lie inside its ranges) -> addresses in this process."""
+        if self.starts.size == 1:  # one region: one pass instead of a search per address
+            return (addr - self.starts[0]) + self.mapped[0]
         i = np.searchsorted(self.starts, addr, side="right") - 1
         return addr - self.starts[i] + self.mapped[i]
 
@@ -190,6 +193,46 @@ class CudaIpcEngine(LocalDeviceEngine):
         self._ipc_lock = threading.Lock()
         self._boot = _boot_id()
         self._start_ticks = _start_time_ticks(os.getpid())
+        self._callbacks: list = []  # Note [Completion wake-up]
+        self._ended: queue.SimpleQueue | None = None  # done events for the completion thread
+        self._waiter: threading.Thread | None = None
+
+    # -- completion: a thread of the engine's own waits on each batch's event -------------------
+
+    def on_completion(self, callback) -> bool:
+        """Note [Completion wake-up] on a GPU: one thread of the engine waits on each batch's
+        CUDA event (a blocking-sync event: the thread sleeps in the driver, holds no GIL and
+        spins no core) and calls the callbacks when it has completed, so the endpoints' worker
+        sleeps until then instead of polling every poll_sleep_s. Without CUDA (the memfd test
+        driver) batches end inside submit_write, and nobody needs waking."""
+        if not self._cuda:
+            return False
+        with self._ipc_lock:
+            self._callbacks.append(callback)
+            if self._waiter is None:
+                self._ended = queue.SimpleQueue()
+                self._waiter = threading.Thread(target=self._wait_events, args=(self._ended,),
+                                                name="pdc-cuda-ipc-completion", daemon=True)
+                self._waiter.start()
+        return True
+
+    def _wait_events(self, ended: queue.SimpleQueue) -> None:
+        while True:
+            events = ended.get()
+            if events is None:
+                return
+            for ev in events:
+                try:
+                    ev.synchronize()
+                except RuntimeError:
+                    pass  # poll() reports the CUDA error on the batch
+            for cb in list(self._callbacks):
+                cb()
+
+    def _watch(self, batch: Batch) -> Batch:
+        if self._ended is not None and batch.state is BatchState.PENDING and batch.handles:
+            self._ended.put(list(batch.handles))
+        return batch
 
     # -- memory: each region's allocation is exported once, at registration ------------------
 
@@ -309,7 +352,7 @@ class CudaIpcEngine(LocalDeviceEngine):
                      after=None) -> Batch:
         target = self._peers.get(peer)
         if not isinstance(target, _IpcPeer):
-            return super().submit_write(peer, src, dst, nbytes, after=after)
+            return self._watch(super().submit_write(peer, src, dst, nbytes, after=after))
         src_u, dst_u, nbytes_u = as_descriptors(src, dst, nbytes)
         batch = Batch(peer=peer, handles=[], nbytes=int(nbytes_u.sum()),
                       descriptors=int(src_u.size))
@@ -336,17 +379,22 @@ class CudaIpcEngine(LocalDeviceEngine):
                     d_views[di][do:do + n].copy_(s_views[si][so:so + n])
                 batch.state = BatchState.DONE
                 return batch
+            if not big.size:  # the usual case: no copy of the arrays for an all-small split
+                s_small, d_small, n_small = src_u, mdst, nbytes_u
+            else:
+                s_small, d_small, n_small = src_u[small], mdst[small], nbytes_u[small]
             ready = self._ready_event(after)
             stream = self._stream(self.device, "write")
             with torch.cuda.device(self.device), torch.cuda.stream(stream):
                 stream.wait_event(ready)
-                descriptor_copy.launch(src_u[small], mdst[small], nbytes_u[small], self.device)
+                descriptor_copy.launch(s_small, d_small, n_small, self.device)
                 for si, so, di, do, n in jobs:
                     d_views[di][do:do + n].copy_(s_views[si][so:so + n], non_blocking=True)
-                done = torch.cuda.Event()
+                # blocking: the completion thread sleeps on it rather than spinning a core
+                done = torch.cuda.Event(blocking=self._ended is not None)
                 done.record(stream)
             batch.handles = [done]
-            return batch
+            return self._watch(batch)
 
     def _check_ranges(self, peer, target, src_u, dst_u, nbytes_u) -> None:
         outside = self._regions.outside(src_u, nbytes_u)
@@ -375,6 +423,11 @@ class CudaIpcEngine(LocalDeviceEngine):
     # -- teardown -----------------------------------------------------------------------------
 
     def close(self) -> None:
+        with self._ipc_lock:
+            waiter, ended, self._waiter, self._ended = self._waiter, self._ended, None, None
+        if ended is not None and waiter is not None:
+            ended.put(None)
+            waiter.join(timeout=5)
         with self._lock:
             ipc = [p for p in self._peers.values() if isinstance(p, _IpcPeer)]
             closed = self._closed

@@ -35,12 +35,22 @@ def bogus_spec(tmp_path) -> tuple[Path, int]:
     return path, text.count("\n") + 1
 
 
+@pytest.fixture(scope="module")
+def compiled_once(tmp_path_factory) -> Path:
+    """Every spec compiled once per module (~20 s on the 2-core box); tests get copies."""
+    root = tmp_path_factory.mktemp("compiled")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(root)
+        assert main(["compile", "--out", "gen"]) == 0
+    return root / "gen"
+
+
 @pytest.fixture
-def compiled(tmp_path, monkeypatch, capsys) -> Path:
-    """Every spec compiled into tmp_path/gen, with the working directory at tmp_path."""
+def compiled(compiled_once, tmp_path, monkeypatch) -> Path:
+    """Every spec compiled into tmp_path/gen, with the working directory at tmp_path (a copy
+    of one compile, modification times kept)."""
     monkeypatch.chdir(tmp_path)
-    rc, _, _ = run(capsys, "compile", "--out", "gen")
-    assert rc == 0
+    shutil.copytree(compiled_once, tmp_path / "gen", copy_function=shutil.copy2)
     return tmp_path / "gen"
 
 
@@ -68,7 +78,7 @@ def test_unknown_top_level_key_is_reported_at_its_line(capsys, bogus_spec):
         "  bogus_key: 1\n"
         "  ^\n"
         "  hint: allowed keys: backends, components, constraints, deployments, description, dtypes, "
-        "family, layers, params, serves, version\n"
+        "family, layers, params, parity, serves, version\n"
         "pdc validate: 1 error in 1 of 1 spec\n"
     )
 
@@ -105,7 +115,7 @@ def test_compile_prints_what_it_wrote(tmp_path, monkeypatch, capsys):
     assert (rc, err) == (0, "")
     lines = out.splitlines()
     assert lines[:-1] == [f"wrote gen/qwen38/{m}.py"
-                          for m in ("__init__", "kernels", "layout")]
+                          for m in ("__init__", "kernels", "layout", "plans")]
     n = len(_files(tmp_path / "gen"))
     assert lines[-1] == f"pdc compile: {n} of {n} files changed (1 spec)"
 

@@ -113,7 +113,7 @@ def test_compile_and_check_json(capsys, tmp_path):
     obj = json.loads(out)
     assert code == 0 and obj["ok"] and obj["specs"] == 1
     assert sorted(p.rsplit("/", 1)[-1] for p in obj["written"]) == [
-        "__init__.py", "kernels.py", "layout.py"]
+        "__init__.py", "kernels.py", "layout.py", "plans.py"]
     code, out, _ = run(capsys, "check", "--json")
     obj = json.loads(out)
     assert code == 0 and obj["ok"] and obj["stale"] == [] and obj["orphans"] == []

@@ -124,6 +124,10 @@ def test_usage_errors_are_exit_2_and_a_json_error_object(capsys, argv, message, 
      "  hint: give --repeat from 1 to 20\n"),
     (["sglang-demo", "--repeat", "21"], "pdc sglang-demo: error: --repeat is 21\n"
      "  hint: give --repeat from 1 to 20\n"),
+    (["vllm-demo", "--tie-tolerance", "-1"], "pdc vllm-demo: error: --tie-tolerance -1.0 is "
+     "not a logprob gap\n  hint: give a value from 0 (identity) to 10\n"),
+    (["vllm-demo", "--tie-tolerance", "nan"], "pdc vllm-demo: error: --tie-tolerance nan is "
+     "not a logprob gap\n  hint: give a value from 0 (identity) to 10\n"),
 ])
 def test_server_demos_cap_their_arguments_with_exit_2(capsys, argv, message):
     assert run(capsys, *argv) == (2, "", message)
@@ -166,19 +170,19 @@ def test_parity_json_reports_each_spec(capsys):
     obj = json.loads(out)
     assert (code, obj["ok"], obj["exit"], obj["errors"]) == (0, True, 0, [])
     [r] = obj["specs"]
-    assert set(r) == {"spec", "ok", "ran", "family", "hf_family", "dtype", "topology",
+    assert set(r) == {"spec", "ok", "ran", "family", "model", "dtype", "topology",
                       "prompt_tokens", "chunks", "steps", "tokens", "report", "wall_s"}
-    assert {k: r[k] for k in ("spec", "ok", "ran", "family", "hf_family", "dtype", "topology",
+    assert {k: r[k] for k in ("spec", "ok", "ran", "family", "model", "dtype", "topology",
                               "prompt_tokens", "chunks", "steps")} == {
         "spec": str(HF_LLAMA), "ok": True, "ran": True, "family": "hf-llama",
-        "hf_family": "llama", "dtype": "float32",
+        "model": "LlamaForCausalLM", "dtype": "float32",
         "topology": "prefill tp=1,pp=1,dp=1,page_size=4 -> decode tp=1,pp=1,dp=1,page_size=4 "
                     "over local",
         "prompt_tokens": 20, "chunks": [8, 8, 4], "steps": 10}
     assert len(r["tokens"]) == 10 and r["report"][0] == f"tokens   {r['tokens']}"
     assert r["report"][-1] == PARITY_OK and r["wall_s"] > 0
     # stderr: progress lines and the report, plain and within 100 columns
-    assert f"  {PARITY_OK}\n" in err and "pdc parity: hf-llama (llama, float32)\n" in err
+    assert f"  {PARITY_OK}\n" in err and "pdc parity: hf-llama (LlamaForCausalLM, float32)\n" in err
     fits(err)
 
 
@@ -196,7 +200,7 @@ def test_plan_table_fits_100_columns_with_a_long_family_and_spec_name(capsys, tm
     fits(out)
     assert out.splitlines()[:3] == [f"{family}:", "  prefill tp=4,pp=2,dp=1,page_size=64",
                                     "  -> decode tp=1,pp=1,dp=1,page_size=64 over mooncake"]
-    assert out.splitlines()[5:7] == [
+    assert out.splitlines()[6:8] == [
         "link                entries  MiB/request  desc contig  desc frag  staged frag  elected",
         "------------------- -------- ------------ ------------ ---------- ------------ -------"]
 
@@ -364,6 +368,22 @@ def test_vllm_demo_table_wraps_a_long_failure():
         "  0      17              0  123,456      100  identical"]
     assert lines[4].startswith("  1     300             16        5      200  decode [rank 0] "
                                "says: no such block")
+
+
+def test_vllm_demo_names_a_near_tie_and_a_drift_beyond_the_tolerance():
+    # Note [Logprob tolerance] (pdc/serving/drift.py): an MLA prompt whose tokens part at a
+    # near tie is ok and says where; one beyond the tolerance fails with why
+    from pdc.serving.drift import Drift
+    from pdc.serving.vllm_demo import Outcome, print_outcomes
+
+    sent = {"ok": True, "bytes": 9, "prefix_tokens": 0}
+    tie = Outcome(0, 17, [1, 2, 3], [1, 2, 4], sent, 0.1, drift=Drift(2, 0.001, tie_nats=0.03))
+    far = Outcome(1, 17, [1, 2], [5, 2], sent, 0.1, drift=Drift(0, 0.0, "token 0: far"))
+    assert (tie.ok, far.ok) == (True, False)
+    out = io.StringIO()
+    print_outcomes([tie, far], "nixl", out)
+    lines = out.getvalue().splitlines()
+    assert lines[3].endswith("near tie at token 2") and lines[4].endswith("token 0: far")
 
 
 def test_vllm_compare_table_is_medians_over_repetitions_and_overhead_over_one_engine():

@@ -22,10 +22,27 @@ def test_plan_prints_the_table(capsys):
     code, out, err = run(capsys, "plan", str(QWEN), "--prefill", "tp=4", "--decode", "tp=1",
                          "--tokens", "4096")
     assert (code, err) == (0, "")
-    assert "request of 4096 tokens = 64 pages" in out
+    assert "request of 4096 tokens = 64 pages\ndeclared: deployment 0 at specs/qwen38.yaml:118:5; " \
+        "its plan is generated (plans.py)\n" in out
     assert re.search(r"^pp0.tp0 -> pp0.tp0 +127 ", out, re.M)
     assert "responses expected per decode rank: pp0.tp0: 4" in out
     assert "coverage: proven" in out
+
+
+def test_plan_says_when_engines_lower_the_plan_at_start(capsys):
+    code, out, _ = run(capsys, "plan", str(QWEN), "--prefill", "tp=2", "--decode", "tp=1",
+                       "--json")
+    assert (code, json.loads(out)["declared"]) == (0, "")
+    code, out, _ = run(capsys, "plan", str(QWEN), "--prefill", "tp=2", "--decode", "tp=1")
+    assert out.splitlines()[2] == "not declared by the spec: engines lower this plan at start"
+
+
+def test_plan_into_a_closed_pipe_leaves_no_traceback():
+    import subprocess
+
+    r = subprocess.run(f"pdc plan {QWEN} --prefill tp=4 --decode tp=1 | head -1", shell=True,
+                       capture_output=True, text=True, timeout=120)
+    assert (r.stdout.count("\n"), r.stderr) == (1, "")
 
 
 def test_plan_rejection_names_the_rule(capsys):

@@ -116,7 +116,8 @@ def test_an_unknown_architecture_is_refused_naming_where_pdc_looked(model_dir, m
     assert str(e.value).splitlines() == [
         f"pdc: the served model ({path}): pdc has no spec for architecture MambaForCausalLM "
         "served by sglang; looked in: PDC_SPEC_PATH is not set; pdc's package (sglang specs "
-        "for LlamaForCausalLM, Qwen3ForCausalLM)",
+        "for DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, LlamaForCausalLM, "
+        "Qwen3ForCausalLM, Qwen3NextForCausalLM)",
         "  hint: write a spec with `serves: {engine: sglang, architectures: "
         "[MambaForCausalLM]}` (docs/adding-a-family.md) into a folder and name it in "
         "PDC_SPEC_PATH"]
@@ -178,3 +179,216 @@ def test_the_backend_plans_without_the_compiler():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=120)
     assert out.stdout.strip() == "[]"
+
+
+# The seed families' tiny models (pdc.serving TINY_MODELS) as their config.json gives them
+QWEN3_NEXT = {"num_hidden_layers": 4, "num_key_value_heads": 2, "head_dim": 32,
+              "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+              "linear_key_head_dim": 16, "linear_value_head_dim": 24,
+              "linear_conv_kernel_dim": 4, "full_attention_interval": 4,
+              "layer_types": ["linear_attention"] * 3 + ["full_attention"]}
+MLA = {"num_hidden_layers": 2, "kv_lora_rank": 32, "qk_rope_head_dim": 16,
+       "qk_nope_head_dim": 16, "v_head_dim": 24, "q_lora_rank": 32}
+
+
+def _seed_kv_args(kind, *, ssm_item=4 * 24 * 16 * 4, latent_dim=48, tp=1, gdn_layers=(0, 1, 2),
+                  attn_layers=(3,)):
+    """KVArgs as SGLang fills them for the seed families' tiny models (numpy buffers):
+    "qwen3-next" a paged MHA pool of the attention layers and the mamba pool of the GDN
+    layers (every conv state, then every temporal state, Note [SGLang mamba state]);
+    "deepseek-mla" one latent buffer per layer (Note [SGLang KV buffers])."""
+    args = _kv_args(heads=2 // tp, head_dim=32, layers=len(attn_layers))
+    keep = args.keep
+
+    def buf(nbytes):
+        a = np.zeros(nbytes, np.uint8)
+        keep.append(a)
+        return a.ctypes.data
+
+    slots = 5
+    if kind == "qwen3-next":
+        args.kv_layer_ids = list(attn_layers) * 2
+        conv_item, ssm = 160 // tp * 3 * 2, ssm_item // tp
+        n = len(gdn_layers)
+        items = [conv_item] * n + [ssm] * n
+        args.state_types = ["mamba"]
+        args.state_data_ptrs = [[buf(i * slots) for i in items]]
+        args.state_data_lens = [[i * slots for i in items]]
+        args.state_item_lens = [items]
+        args.state_layer_ids = [list(gdn_layers) * 2]
+    else:
+        item = 16 * latent_dim * 2
+        args.kv_data_ptrs = [buf(item * PAGES) for _ in range(2)]
+        args.kv_data_lens, args.kv_item_lens = [item * PAGES] * 2, [item] * 2
+        args.kv_layer_ids = [0, 1]
+    return args
+
+
+def test_the_hybrid_qwen3_next_is_served_with_its_mamba_slots_in_place(model_dir):
+    args = _seed_kv_args("qwen3-next")
+    fam = F.served_family(model_dir("Qwen3NextForCausalLM", **QWEN3_NEXT), args, 1, 0,
+                          "bfloat16")
+    assert fam.layout.family == "sglang-qwen3-next"
+    one = F.side(1, 1, 1, 16)
+    pools = F.engine_pools(fam.layout, F.make_plan(fam.family, one, one, "mooncake"), "decode",
+                           RankId(0, 0), args)
+    assert [(b.layer_id, b.offset) for b in pools.buffers["gdn_ssm"]] == \
+        [(i, args.state_data_ptrs[0][3 + i]) for i in range(3)]
+    assert [b.layer_id for b in pools.buffers["kv"]] == [3, 3]
+    assert pools.buffers["gdn_conv"][2].capacity == 5
+
+
+def test_a_qwen3_next_of_another_shape_binds_the_one_spec_by_its_layer_types(model_dir):
+    # Note [Bound families]: 6 layers, attention at 1 and 5 (layer_types, not the pattern)
+    types = ["linear_attention", "full_attention"] + ["linear_attention"] * 3 + \
+        ["full_attention"]
+    path = model_dir("Qwen3NextForCausalLM", **dict(QWEN3_NEXT, num_hidden_layers=6,
+                                                      layer_types=types))
+    args = _seed_kv_args("qwen3-next", gdn_layers=(0, 2, 3, 4), attn_layers=(1, 5))
+    fam = F.served_family(path, args, 1, 0, "bfloat16")
+    assert fam.layout.component("kv").layer_ids == (1, 5)
+    assert fam.layout.component("gdn_ssm").layer_ids == (0, 2, 3, 4)
+
+
+def test_a_hybrid_state_of_another_dtype_is_refused_naming_both_sides(model_dir):
+    path = model_dir("Qwen3NextForCausalLM", **QWEN3_NEXT)
+    with pytest.raises(F.RefusedModel) as e:
+        F.served_family(path, _seed_kv_args("qwen3-next", ssm_item=4 * 24 * 16 * 2), 1, 0)
+    assert str(e.value).splitlines()[0] == (
+        f"pdc: Qwen3NextForCausalLM ({path}) does not fit its spec: sglang-qwen3-next does "
+        "not fit the served model's buffers: specs/sglang-qwen3-next.yaml:64:3: error: "
+        "SGLang's mamba temporal state of layer 0 holds items of [768] float32 = 3072 B; the "
+        "spec's component 'gdn_ssm' expects items of [4, 24, 16] float32 = 6144 B on a rank "
+        "of TP 1")
+
+
+def test_a_state_type_without_a_spec_is_refused_by_name(model_dir):
+    args = _seed_kv_args("qwen3-next")
+    args.state_types = ["swa"]
+    with pytest.raises(F.RefusedModel, match="SGLang registered 'swa' state buffers; pdc's "
+                                             "SGLang specs carry mamba slot state only so far"):
+        F.served_family(model_dir("Qwen3NextForCausalLM", **QWEN3_NEXT), args, 1, 0)
+
+
+def test_the_mla_model_is_served_by_its_latent_spec_on_every_tp_rank(model_dir):
+    path = model_dir("DeepseekV3ForCausalLM", **MLA)
+    for tp, rank in ((1, 0), (2, 0), (2, 1)):  # replicated: every rank holds the whole latent
+        fam = F.served_family(path, _seed_kv_args("deepseek-mla"), tp, rank, "bfloat16")
+        assert fam.layout.family == "sglang-deepseek-mla"
+        assert fam.layout.component("latent").shape == (16, 1, 48)
+    with pytest.raises(F.RefusedModel, match=r"SGLang's latent buffer of layer 0 holds items "
+                                             r"of \[512\] bfloat16 = 1024 B; the spec's "
+                                             r"component 'latent' expects items of "
+                                             r"\[16, 1, 48\] bfloat16 = 1536 B"):
+        F.served_family(path, _seed_kv_args("deepseek-mla", latent_dim=32), 1, 0)
+
+
+def test_a_deepseek_v2_of_another_latent_width_binds_the_mla_spec(model_dir):
+    path = model_dir("DeepseekV2ForCausalLM", **dict(MLA, kv_lora_rank=64))
+    fam = F.served_family(path, _seed_kv_args("deepseek-mla", latent_dim=80), 1, 0,
+                          "bfloat16")
+    assert (fam.layout.family, fam.layout.component("latent").item_bytes) == \
+        ("sglang-deepseek-mla", 16 * 80 * 2)
+
+
+def test_the_negative_control_faults_read_another_page_or_slot(monkeypatch):
+    from pdc.integrations.sglang import faults
+
+    monkeypatch.setattr(faults, "_PLANNED", {5: "wrong_page", 6: "wrong_slot"})
+    # the last chunk only; its first page read from the pool page before it
+    assert faults.apply(5, [40, 41, 42], last=False) == [40, 41, 42]
+    assert faults.apply(5, [40, 41, 42], last=True) == [39, 41, 42]
+    assert faults.apply(5, [0, 1], last=True) == [1, 1]
+    assert faults.apply(6, [40, 41], last=True) == [40, 41]
+    assert [faults.apply_slot(6, s) for s in (3, 0, -1)] == [2, 1, -1]
+    assert faults.apply_slot(5, 3) == 3
+    monkeypatch.setenv(faults.ENV, "wrong_state@7")
+    with pytest.raises(ValueError) as e:
+        faults.planned()
+    assert str(e.value) == ("PDC_SGLANG_FAULTS: 'wrong_state@7' is not KIND@ROOM with KIND one "
+                            "of page_out_of_range, extra_page, wrong_page, wrong_slot")
+
+
+def test_decode_servers_are_named_by_advertised_address_and_port():
+    """Note [Decode instances]: the name each decode server registers under with prefill."""
+    names = {F.decode_instance(host, port) for host, port in
+             (("10.77.0.2", 30001), ("10.77.0.2", 30002), ("10.77.0.3", 30001))}
+    assert names == {"10.77.0.2:30001", "10.77.0.2:30002", "10.77.0.3:30001"}
+    assert F.decode_instance("fd00::2", 30001) == "[fd00::2]:30001"
+    # A restarted server on its port is the same instance (prefill fails its old requests).
+    assert F.decode_instance("10.77.0.2", 30001) == F.decode_instance("10.77.0.2", "30001")
+
+
+# Note [SGLang DP attention]: SGLang's ParallelContext of one scheduler, as the fields read
+def _parallel(tp=2, attn_dp=2, dp_rank=1, pp=1, cp=1, replicas=1):
+    attn_tp = tp // attn_dp // cp
+    return SimpleNamespace(tp_size=tp, attn_tp_size=attn_tp, attn_tp_rank=0,
+                           attn_dp_size=attn_dp, attn_dp_rank=dp_rank, attn_cp_size=cp,
+                           pp_size=pp, num_dp_ranks=replicas * attn_dp)
+
+
+def test_a_dp_attention_scheduler_is_its_groups_attention_tp_rank():
+    server_args = SimpleNamespace(tp_size=2, dp_size=1)
+    assert F.parallel_layout_of(_parallel(), server_args) == F.ParallelLayout(1, 0, 2, 1)
+    plain = _parallel(tp=2, attn_dp=1, dp_rank=0)
+    plain.attn_tp_rank = 1
+    assert F.parallel_layout_of(plain, server_args) == F.ParallelLayout(2, 1, 1, 0)
+
+
+def test_widths_sglang_has_not_published_fall_back_to_the_server_args():
+    class Unpublished:  # SGLang's ParallelContext before its groups are built
+        def __getattr__(self, name):
+            raise RuntimeError(f"derived parallel width {name!r} is not available")
+
+    assert F.parallel_layout_of(Unpublished(), SimpleNamespace(tp_size=2)) == \
+        F.ParallelLayout(2, 0, 1, 0)
+
+
+@pytest.mark.parametrize("kw, got", [
+    (dict(pp=2), "pp_size 2, attn_cp_size 1, 2 DP ranks of which 2"),
+    (dict(attn_dp=1, dp_rank=0, replicas=2), "pp_size 1, attn_cp_size 1, 2 DP ranks of which 1"),
+])
+def test_pipeline_and_dp_replicas_are_refused_naming_the_sizes(kw, got):
+    with pytest.raises(F.RefusedModel) as e:
+        F.parallel_layout_of(_parallel(**kw), SimpleNamespace())
+    assert str(e.value) == (
+        "pdc's SGLang backend runs attention DP (--enable-dp-attention), not pipeline "
+        f"parallelism, attention context parallelism or DP replicas (got {got} "
+        "attention-DP groups)")
+
+
+@pytest.mark.parametrize("spec", ["sglang_llama", "sglang_deepseek_mla", "sglang_qwen3_next"])
+@pytest.mark.parametrize("prefill_dp, decode_dp", [(2, 2), (2, 1), (1, 2)])
+def test_every_sglang_family_plans_between_dp_attention_groups(spec, prefill_dp, decode_dp):
+    plan = F.make_plan(F.Family.load(spec), F.side(1, 1, prefill_dp, 16),
+                       F.side(1, 1, decode_dp, 16), "mooncake")
+    assert (plan.topology.prefill.dp, plan.topology.decode.dp) == (prefill_dp, decode_dp)
+    # one plan serves every pair of groups: each decode rank reads one prefill rank
+    assert [lk.prefill for lk in plan.links_to(RankId(0, 0))] == [RankId(0, 0)]
+
+
+def test_a_draft_models_kv_is_refused_naming_speculative_decoding(model_dir):
+    args = _kv_args()
+    args.num_draft_entries = 2  # an EAGLE draft layer's K and V after the target's
+    with pytest.raises(F.RefusedModel) as e:
+        F.served_family(model_dir("LlamaForCausalLM"), args, 1, 0)
+    assert str(e.value) == (
+        "pdc: LlamaForCausalLM ({}) does not fit its spec: SGLang registered 2 draft-model KV "
+        "buffers after the target's (speculative decoding); pdc's SGLang specs carry no draft "
+        "KV or draft hidden state yet: serve without --speculative-algorithm".format(
+            model_dir("LlamaForCausalLM")))
+
+
+def test_mla_at_prefill_tp2_leaves_one_prefill_rank_without_a_link(model_dir):
+    # Note [SGLang idle prefill rank] in conn.py: the latent and the aux row are replicated, so
+    # TP 2 -> 1 elects one prefill rank to write decode's copy and the other writes nothing; the
+    # hybrid's sharded state links both ranks.
+    mla = F.served_family(model_dir("DeepseekV3ForCausalLM", **MLA),
+                          _seed_kv_args("deepseek-mla"), 2, 0, "bfloat16")
+    plan = F.make_plan(mla.family, F.side(2, 1, 1, 16), F.side(1, 1, 1, 16), "mooncake")
+    assert [len(plan.links_from(RankId(0, r))) for r in (0, 1)] == [1, 0]
+    assert {c for lk in plan.links for c in lk.elected_for} >= {"latent", "aux_i32"}
+    hybrid = F.served_family(model_dir("Qwen3NextForCausalLM", **QWEN3_NEXT),
+                             _seed_kv_args("qwen3-next", tp=2), 2, 0, "bfloat16")
+    plan = F.make_plan(hybrid.family, F.side(2, 1, 1, 16), F.side(1, 1, 1, 16), "mooncake")
+    assert [len(plan.links_from(RankId(0, r))) for r in (0, 1)] == [1, 1]

@@ -62,8 +62,8 @@ def test_an_architecture_without_a_spec_names_where_pdc_looked(tmp_path, monkeyp
         served_family(settings, _vllm_config(_llama(architectures=["FalconForCausalLM"])))
     assert str(e.value).splitlines()[0] == (
         f"pdc has no spec for architecture FalconForCausalLM served by vllm; looked in: "
-        f"{tmp_path} (no vllm spec); pdc's package (vllm specs for LlamaForCausalLM, "
-        "Qwen3ForCausalLM, Qwen3NextForCausalLM)")
+        f"{tmp_path} (no vllm spec); pdc's package (vllm specs for DeepseekV2ForCausalLM, "
+        "DeepseekV3ForCausalLM, LlamaForCausalLM, Qwen3ForCausalLM, Qwen3NextForCausalLM)")
 
 
 def test_a_bad_spec_path_setting_is_refused():

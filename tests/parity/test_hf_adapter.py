@@ -18,17 +18,19 @@ from pdc.runtime.labels import merge, project  # noqa: E402
 
 from pdc.verify import hf_state as H  # noqa: E402
 from pdc.verify.hf_adapter import (  # noqa: E402
-    BINDINGS,
     bound_entries,
     check_binding,
     from_items,
     positions,
     to_items,
 )
+from pdc.verify.recipe import family_recipe, parity_specs  # noqa: E402
 
 SPECS = Path(__file__).resolve().parents[2] / "specs"
-# The transformers families; the seed toys have tests/parity/test_seed_toys.py.
-FAMILIES = sorted(f for f, b in BINDINGS.items() if b.model_name.startswith("hf:"))
+# The transformers families (the specs' `parity` blocks); the seed toys have
+# tests/parity/test_seed_toys.py.
+BINDINGS = {f: b for f, b in parity_specs(SPECS).items() if b.kind == "transformers"}
+FAMILIES = sorted(BINDINGS)
 PAGE = 4
 
 TORCH_THREADS = 1  # set per test by conftest.py
@@ -42,11 +44,11 @@ def _layout(family: str, dtype: str = "float32", text: str | None = None):
 
 
 def _state(family: str, dtype: str, n: int):
-    b = BINDINGS[family]
-    model = H.build_model(b.hf_family, getattr(torch, dtype))
+    recipe = family_recipe(BINDINGS[family])
+    model = H.build_model(recipe, getattr(torch, dtype))
     prompt = torch.randint(3, 256, (n,), generator=torch.Generator().manual_seed(1))
-    state = H.export_state(b.hf_family, model, H.prefill(model, prompt))
-    rows = H.describe_state(b.hf_family, model, state)
+    state = H.export_state(recipe, model, H.prefill(model, prompt))
+    rows = H.describe_state(recipe, model, state)
     return state, rows
 
 

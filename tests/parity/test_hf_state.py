@@ -10,6 +10,7 @@ logits are the oracle (see the negative controls).
 import multiprocessing as mp
 import os
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,13 +18,18 @@ import torch
 pytest.importorskip("transformers")
 
 from pdc.verify import hf_state as H  # noqa: E402
+from pdc.verify.recipe import family_recipe, parity_specs  # noqa: E402
 
 THREADS = 2  # both processes; thread count changes bits (mamba2 fp32 differs between 1 and 2)
 TORCH_THREADS = THREADS  # this process, set per test by conftest.py
 PROMPT_LEN = 20  # > sliding_window (8) and > mamba2 chunk_size (16)
 NEW_TOKENS = 10
 DTYPES = ["float32", "bfloat16"]
-FAMILIES = list(H.FAMILIES)
+# The transformers families, by the recipe names of the specs' `parity` blocks (short ids).
+SPECS = Path(__file__).resolve().parents[2] / "specs"
+R = {name.removeprefix("hf-").replace("-sw", "_sw").replace("-", "_"): family_recipe(b)
+     for name, b in parity_specs(SPECS).items() if b.kind == "transformers"}
+FAMILIES = list(R)
 
 
 def _prompt(n: int = PROMPT_LEN) -> torch.Tensor:
@@ -38,28 +44,28 @@ def decode_proc():
 
 
 def _reference(family, dtype_name, prompt):
-    model = H.build_model(family, getattr(torch, dtype_name))
+    model = H.build_model(R[family], getattr(torch, dtype_name))
     return H.aggregate_generate(model, prompt, NEW_TOKENS)
 
 
 def _pd(pool, family, dtype_name, prompt, mutate=None):
     """Prefill here on its own model, decode in the other process. Returns the whole trace (row 0
     from the prefill) plus the flags sent and the flags the decode side rebuilt."""
-    model = H.build_model(family, getattr(torch, dtype_name))
+    model = H.build_model(R[family], getattr(torch, dtype_name))
     cache, logits0 = H.prefill_logits(model, prompt)
-    state = H.export_state(family, model, cache)
+    state = H.export_state(R[family], model, cache)
     if mutate:
         mutate(state)
     tok0 = int(logits0.argmax())
     job = pool.submit(
-        H.decode_from_payload, family, dtype_name, H.state_to_bytes(state), len(prompt), tok0,
+        H.decode_from_payload, R[family], dtype_name, H.state_to_bytes(state), len(prompt), tok0,
         NEW_TOKENS - 1, 0, THREADS,
     )
     out = H.state_from_bytes(job.result(timeout=120))
     tokens = torch.cat([torch.tensor([tok0]), out["tokens"]])
     logits = torch.cat([logits0[None], out["logits"]])
     rebuilt = {k.removeprefix("flag:"): int(v) for k, v in out.items() if k.startswith("flag:")}
-    return tokens, logits, H.export_flags(family, model, cache), rebuilt
+    return tokens, logits, H.export_flags(R[family], model, cache), rebuilt
 
 
 @pytest.mark.parametrize("dtype_name", DTYPES)
@@ -106,12 +112,12 @@ def test_zeroed_state_tensor_changes_logits(decode_proc, family, dtype_name, nam
 
 
 def _decode_in_process(family, prompt, seq_len=None, mutate=None, post=None):
-    model = H.build_model(family)
+    model = H.build_model(R[family])
     cache, logits0 = H.prefill_logits(model, prompt)
-    state = H.export_state(family, model, cache)
+    state = H.export_state(R[family], model, cache)
     if mutate:
         mutate(state)
-    rebuilt = H.import_state(family, model, state, len(prompt) if seq_len is None else seq_len)
+    rebuilt = H.import_state(R[family], model, state, len(prompt) if seq_len is None else seq_len)
     if post:
         post(rebuilt)
     return H.greedy_decode(model, rebuilt, logits0.argmax(), NEW_TOKENS - 1)[1]
@@ -149,13 +155,13 @@ def test_conv_state_oldest_column_is_dead(family):
     assert not torch.equal(_decode_in_process(family, prompt, mutate=zero_col(1)), ref[1:])
 
     # Also on the multi-token (chunk) path that a continued prefill would take.
-    model = H.build_model(family)
-    state = H.export_state(family, model, H.prefill(model, prompt))
+    model = H.build_model(R[family])
+    state = H.export_state(R[family], model, H.prefill(model, prompt))
 
     def chunk_logits(mutate):
         s = {k: v.clone() for k, v in state.items()}
         mutate(s)
-        cache = H.import_state(family, model, s, PROMPT_LEN)
+        cache = H.import_state(R[family], model, s, PROMPT_LEN)
         with torch.no_grad():
             return model(input_ids=torch.tensor([[5, 9, 77]]), cache=cache, use_cache=True).logits
 
@@ -168,14 +174,13 @@ def test_conv_state_oldest_column_is_dead(family):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_state_schema_and_round_trip(family, dtype_name):
     dtype = getattr(torch, dtype_name)
-    model = H.build_model(family, dtype)
+    model = H.build_model(R[family], dtype)
     cache = H.prefill(model, _prompt())
-    state = H.export_state(family, model, cache)
-    recipe = H.FAMILIES[family]
+    state = H.export_state(R[family], model, cache)
     kinds = H.layer_kinds(model)
-    expected = [f"L{i}.{t.name}" for i, k in enumerate(kinds) for t in recipe.layers[k].tensors]
+    expected = [f"L{i}.{t.name}" for i, k in enumerate(kinds) for t in R[family].layer(k).tensors]
     assert list(state) == expected
-    for row in H.describe_state(family, model, state):
+    for row in H.describe_state(R[family], model, state):
         t = state[row["name"]]
         assert t.is_contiguous()
         if row["kind"] == H.TOKEN:
@@ -191,11 +196,11 @@ def test_state_schema_and_round_trip(family, dtype_name):
         assert t.dtype == (torch.float32 if name.endswith(".ssm") else dtype)
 
     wire = H.state_from_bytes(H.state_to_bytes(state))
-    rebuilt = H.import_state(family, model, wire, PROMPT_LEN)
-    again = H.export_state(family, model, rebuilt)
+    rebuilt = H.import_state(R[family], model, wire, PROMPT_LEN)
+    again = H.export_state(R[family], model, rebuilt)
     assert list(again) == list(state)
     assert all(torch.equal(again[k], state[k]) and again[k].dtype == state[k].dtype for k in state)
-    assert H.export_flags(family, model, rebuilt) == H.export_flags(family, model, cache)
+    assert H.export_flags(R[family], model, rebuilt) == H.export_flags(R[family], model, cache)
     # Nothing else differs either: every attribute of every rebuilt cache layer matches.
     for i, (a, b) in enumerate(zip(cache.layers, rebuilt.layers, strict=True)):
         assert type(a) is type(b)
@@ -213,15 +218,15 @@ def _same(x, y) -> bool:
 
 
 def test_import_rejects_inconsistent_state():
-    model = H.build_model("qwen3_next", torch.bfloat16)
-    state = H.export_state("qwen3_next", model, H.prefill(model, _prompt()))
+    model = H.build_model(R["qwen3_next"], torch.bfloat16)
+    state = H.export_state(R["qwen3_next"], model, H.prefill(model, _prompt()))
     with pytest.raises(ValueError, match="token rows"):
-        H.import_state("qwen3_next", model, state, PROMPT_LEN + 1)
+        H.import_state(R["qwen3_next"], model, state, PROMPT_LEN + 1)
     bad = dict(state, **{"L0.ssm": state["L0.ssm"].to(torch.bfloat16)})
     with pytest.raises(TypeError, match="dtype"):
-        H.import_state("qwen3_next", model, bad, PROMPT_LEN)
+        H.import_state(R["qwen3_next"], model, bad, PROMPT_LEN)
     with pytest.raises(KeyError, match="L9.k"):
-        H.import_state("qwen3_next", model, dict(state, **{"L9.k": state["L3.k"]}), PROMPT_LEN)
+        H.import_state(R["qwen3_next"], model, dict(state, **{"L9.k": state["L3.k"]}), PROMPT_LEN)
     with pytest.raises(TypeError, match="DynamicSlidingWindowLayer"):
-        llama = H.build_model("llama")
-        H.export_state("mistral_sw", H.build_model("mistral_sw"), H.prefill(llama, _prompt()))
+        llama = H.build_model(R["llama"])
+        H.export_state(R["mistral_sw"], H.build_model(R["mistral_sw"]), H.prefill(llama, _prompt()))

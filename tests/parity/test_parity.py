@@ -131,11 +131,12 @@ def test_one_chunk_reference_is_hf_state_aggregate_generate(workers):
 
     from pdc.verify import hf_state as H
     from pdc.verify.parity_judge import parse_state
+    from pdc.verify.recipe import family_recipe
 
     case, outcome, verdict = run_case(workers, "hf-llama", "tp=1", "tp=1", "nixl",
                                       chunk_tokens=20)
     assert verdict.ok and outcome.prefill[(0, 0)]["chunks"] == [20]
-    tokens, logits = H.aggregate_generate(H.build_model("llama"),
+    tokens, logits = H.aggregate_generate(H.build_model(family_recipe(case.binding)),
                                           torch.tensor(case.prompt), case.steps)
     ref = outcome.model["reference"]
     assert ref["tokens"] == tokens.tolist()
@@ -156,11 +157,13 @@ def _cli(capsys, *argv):
 @pytest.mark.parametrize("argv,message", [
     ([spec("hf-llama"), "--chunk", "6"],
      "--chunk 6 is not a multiple of the page size 4: chunks end on page boundaries"),
-    ([str(SPECS / "llama3-70b.yaml")], "no parity model bound to family 'llama3-70b'"),
+    ([str(SPECS / "llama3-70b.yaml")], "llama3-70b.yaml has no `parity` block: pdc parity needs "
+     "the tiny model to run the family on"),
     ([spec("hf-llama"), "--prefill", "tp=4", "--decode", "tp=3"],
      "error: attention TP sizes 4 and 3 do not divide each other"),
     ([spec("hf-llama"), "--decode", "tp=1,dp=2"],
-     "decode dp=2 needs a model with DP attention padding; the llama model has none"),
+     "decode dp=2 needs a model with DP attention padding; the LlamaForCausalLM model has "
+     "none"),
     ([spec("hf-llama"), "--drop", "gdn_conv"], "--drop names no component of "),
     ([str(SPECS / "nope.yaml")], "cannot read spec"),
 ])
@@ -196,19 +199,20 @@ def test_cli_runs_several_specs_and_fails_when_one_fails(capsys):
     assert err and all(re.match(r"pdc parity: +\d+\.\d s  \S", line) for line in err.splitlines())
     mistral, qwen = out.split("pdc parity: ")[1:]
     assert mistral.splitlines()[:3] == [  # within 100 columns: the topology on its own line
-        "hf-mistral-sw (mistral_sw, bfloat16)",
+        "hf-mistral-sw (MistralForCausalLM, bfloat16)",
         "  prefill tp=1,pp=1,dp=1,page_size=4 -> decode tp=1,pp=1,dp=1,page_size=4 over nixl",
         "  prompt   20 tokens in 3 chunks (8+8+4), 10 steps"]
     assert max(map(len, out.splitlines())) <= 100
     assert f"  {OK}\n" in mistral
-    assert qwen.startswith("hf-qwen3-next (qwen3_next, bfloat16)\n  prefill ")
+    assert qwen.startswith("hf-qwen3-next (Qwen3NextForCausalLM, bfloat16)\n  prefill ")
     assert "  parity   FAILED at step 1 (decode step 1): " in qwen
     assert "  cause    layer 0 component gdn_conv (L0.conv): " in qwen
 
 
 def test_prepare_rejects_before_starting_processes():
     w = ParityWorkers()
-    with pytest.raises(ParityError, match="no parity model bound to family"):
+    with pytest.raises(ParityError, match="llama3-70b.yaml has no `parity` block: pdc parity "
+                       "needs the tiny model"):
         prepare(str(SPECS / "llama3-70b.yaml"), "tp=1", "tp=1", "mooncake", None, w)
     assert len(w) == 0  # nothing was spawned
 

@@ -1,7 +1,7 @@
 """`pdc parity` on the seed systems' toys (pdc/verify): qwen38 and glm52 through pdc over
 real engines, bit for bit.
 
-Each spec runs at the sizes its binding scales it to (pdc/verify/hf_adapter.py BINDINGS: qwen38 with
+Each spec runs at the sizes its `parity.params` scale it to (qwen38 with
 8 layers on 8-token pages, compress ratio 4, in 8-token chunks; glm52 with 4 layers on its
 64-token pages, top-k 8, in 64-token chunks), with prompts whose length is neither a multiple
 of the page size nor of the compress ratio. Tokens and logits (target and draft) of every step

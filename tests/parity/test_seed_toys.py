@@ -17,16 +17,17 @@ from pdc.runtime.labels import merge, project  # noqa: E402
 
 from pdc.verify import models  # noqa: E402
 from pdc.verify.hf_adapter import (  # noqa: E402
-    BINDINGS,
     bound_entries,
     check_binding,
     from_items,
     positions,
     to_items,
 )
+from pdc.verify.recipe import parity_specs  # noqa: E402
 
 SPECS = Path(__file__).resolve().parents[2] / "specs"
-SEEDS = sorted(f for f, b in BINDINGS.items() if b.model_name.startswith("verify:"))
+BINDINGS = {f: b for f, b in parity_specs(SPECS).items() if b.kind == "toy"}
+SEEDS = sorted(BINDINGS)
 TORCH_THREADS = 1  # set per test by conftest.py
 
 
@@ -34,7 +35,7 @@ def _toy(family: str):
     b = BINDINGS[family]
     spec = load_spec(SPECS / f"{family}.yaml", dict(b.params), deployments=False)
     layout = family_of(spec).layout
-    return b, layout, models.build(b.model_name, layout, spec.env, "float32")
+    return b, layout, models.build(b, layout, spec.env, "float32")
 
 
 def _prefill(model, n: int, chunk: int):

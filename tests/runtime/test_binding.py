@@ -49,6 +49,7 @@ CASES = {
     "sglang_llama": ({"page_size": 16, "kv_dtype": "float32"}, LLAMA),
     "vllm_qwen3_next": ({"page_size": 160}, QWEN3_NEXT),
     "hf_deepseek_v3": ({"page_size": 4}, DEEPSEEK),
+    "vllm_deepseek_mla": ({"page_size": 16, "kv_dtype": "bfloat16"}, DEEPSEEK),
     "hf_mistral_sw": ({"page_size": 8}, MISTRAL),
 }
 
@@ -98,6 +99,21 @@ def test_qwen3_next_takes_every_layer_kind_from_the_config():
     big = dict(config, linear_num_value_heads=32)
     with pytest.raises(BindError, match="config.linear_num_value_heads = 32"):
         Family.load("vllm_qwen3_next").bind(big, {"page_size": 160})
+
+
+def test_mla_latent_follows_the_config_and_is_replicated():
+    # DeepSeek-V3's 61 layers of one [block, 512 + 64] latent row a token; every TP rank
+    # holds the whole latent, so a rank's item is the whole item at any TP
+    family = Family.load("vllm_deepseek_mla")
+    assert family.serves == ("vllm", ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"))
+    big = family.bind(DEEPSEEK[1], {"page_size": 16, "kv_dtype": "float16"})
+    kv = big.layout.component("kv")
+    assert (big.layout.num_layers, kv.shape, kv.dtype, kv.item_bytes) == \
+        (61, (16, 576), "float16", 18432)
+    assert kv.item_bytes_at(8) == 18432
+    small = family.bind(DEEPSEEK[0], {"page_size": 16, "kv_dtype": "bfloat16"})
+    assert small.layout.component("kv").shape == (16, 40)
+    assert small.fingerprint != big.fingerprint
 
 
 def test_the_binder_knows_the_compilers_dtypes():

@@ -13,7 +13,13 @@ import ctypes
 import numpy as np
 import pytest
 from pdc.runtime import datapath, indices, staging
-from pdc.runtime.datapath import LocalBuffer, RemoteBuffer, build_descriptors, component_pairs
+from pdc.runtime.datapath import (
+    DescriptorTemplate,
+    LocalBuffer,
+    RemoteBuffer,
+    build_descriptors,
+    component_pairs,
+)
 from pdc.runtime.indices import DecodeTarget, IndexError_, PrefillChunk
 from pdc.runtime.labels import item_labels, project
 from pdc.runtime.pools import Capacity, RankPools
@@ -49,7 +55,8 @@ def _fill_or_check(layout, plan, side, rank, pools, room, tokens, ids, check, sk
     return bad
 
 
-def _run(path, prefill, decode, tokens, chunk_pages, prefix_tokens, rng, staged=False):
+def _run(path, prefill, decode, tokens, chunk_pages, prefix_tokens, rng, staged=False,
+         template=False):
     layout, plan = plan_for(path, prefill, decode)
     topo = plan.topology
     cap = Capacity(pages=16, slots=2, aux_rows=2, window_pages=16)
@@ -82,7 +89,10 @@ def _run(path, prefill, decode, tokens, chunk_pages, prefix_tokens, rng, staged=
                                        b.capacity) for i, b in enumerate(bs)]
                       for n, bs in dst.buffers.items()}
             pairs = component_pairs(layout, chunk, target, ps)
-            d = build_descriptors(link, local, remote, pairs, whole_only=staged)
+            if template:  # Note [Descriptor templates]
+                d = DescriptorTemplate.of(link, local, remote, staged).build(pairs)
+            else:
+                d = build_descriptors(link, local, remote, pairs, whole_only=staged)
             moves = list(zip(d.src.tolist(), d.dst.tolist(), d.nbytes.tolist(), strict=True))
             if staged:
                 mine, theirs, blocks = regions[link]
@@ -123,11 +133,12 @@ GLM = ROOT / "specs" / "glm52.yaml"
     (GLM, {"tp": 2, "pp": 2}, {"tp": 1}),
     (QWEN, {"tp": 2}, {"tp": 1}),
 ])
-def test_chunked_request_lands_byte_exact(path, prefill, decode):
+@pytest.mark.parametrize("template", [False, True])
+def test_chunked_request_lands_byte_exact(path, prefill, decode, template):
     rng = np.random.default_rng(0)
     ps = 16 if path == LLAMA else 64
     assert _run(path, prefill, decode, tokens=5 * ps + 3, chunk_pages=2, prefix_tokens=ps,
-                rng=rng) == []
+                rng=rng, template=template) == []
 
 
 @pytest.mark.parametrize("path,prefill,decode", [
@@ -136,10 +147,61 @@ def test_chunked_request_lands_byte_exact(path, prefill, decode):
     (QWEN, {"tp": 2, "pp": 2}, {"tp": 1}),
     (QWEN, {"tp": 1}, {"tp": 2}),
 ])
-def test_staged_path_lands_byte_exact(path, prefill, decode):
+@pytest.mark.parametrize("template", [False, True])
+def test_staged_path_lands_byte_exact(path, prefill, decode, template):
     ps = 16 if path == LLAMA else 64
     assert _run(path, prefill, decode, tokens=5 * ps + 3, chunk_pages=2, prefix_tokens=ps,
-                rng=np.random.default_rng(2), staged=True) == []
+                rng=np.random.default_rng(2), staged=True, template=template) == []
+
+
+def _llama_buffers(bad_layer=False):
+    local = {"kv": [LocalBuffer(4096 + i * (1 << 20), 32768, 16) for i in range(160)],
+             "aux_first_token": [LocalBuffer(8192, 64, 2)]}
+    remote = {"kv": [RemoteBuffer(i % 80, 0, (1 << 30) + i * (1 << 20), 32768, 16)
+                     for i in range(160)],
+              "aux_first_token": [RemoteBuffer(0xFFFFFFFF, 0, 1 << 31, 64, 2)]}
+    if bad_layer:
+        remote["kv"][7] = RemoteBuffer(70, 0, 1 << 29, 32768, 16)
+    return local, remote
+
+
+def test_template_gives_the_same_descriptors_in_the_same_order():
+    # Note [Descriptor templates]: every chunk kind, equal to build_descriptors element by
+    # element; a layer-limited chunk (streaming) takes build_descriptors itself.
+    layout, plan = plan_for(LLAMA, {"tp": 1}, {"tp": 1})
+    (link,) = plan.links
+    local, remote = _llama_buffers()
+    rng = np.random.default_rng(3)
+    target = DecodeTarget(rng.permutation(16)[:9], 16, aux_row=1)
+    for chunk in (PrefillChunk(0, rng.permutation(16)[:5], False, 80),
+                  PrefillChunk(5, rng.permutation(16)[:4], True, 140, aux_row=0),
+                  PrefillChunk(0, np.arange(9), True, 140, aux_row=1)):
+        pairs = component_pairs(layout, chunk, target, 16)
+        for layers in (None, {0, 5, 79}):
+            want = build_descriptors(link, local, remote, pairs, layers)
+            got = DescriptorTemplate.of(link, local, remote).build(pairs, layers)
+            for w, g in ((want.src, got.src), (want.dst, got.dst), (want.nbytes, got.nbytes)):
+                assert g.dtype == np.uint64 and w.tolist() == g.tolist()
+
+
+def test_template_refuses_what_build_descriptors_refuses():
+    layout, plan = plan_for(LLAMA, {"tp": 1}, {"tp": 1})
+    (link,) = plan.links
+    local, remote = _llama_buffers(bad_layer=True)
+    pairs = component_pairs(layout, PrefillChunk(0, np.array([0, 1]), False, 32),
+                            DecodeTarget(np.array([3, 4]), 0), 16)
+    tmpl = DescriptorTemplate.of(link, local, remote)  # made without complaint: no ids yet
+    for build in (lambda: build_descriptors(link, local, remote, pairs), lambda: tmpl.build(pairs)):
+        with pytest.raises(IndexError_) as info:
+            build()
+        assert str(info.value) == ("peer entry 7 of 'kv' is layer 70 with 32768 B items; the "
+                                   "plan expects layer 7 with 32768 B")
+    local, remote = _llama_buffers()
+    pairs = component_pairs(layout, PrefillChunk(0, np.array([0, 1]), False, 32),
+                            DecodeTarget(np.array([3, 99]), 0), 16)
+    with pytest.raises(IndexError_) as info:
+        DescriptorTemplate.of(link, local, remote).build(pairs)
+    assert str(info.value) == "decode 'kv' index 99 is outside the registered capacity 16"
 
 
 def test_staging_merges_a_single_chunk_into_few_descriptors():

@@ -78,7 +78,7 @@ def test_a_state_view_whose_blocks_are_not_a_page_apart_is_refused():
     with pytest.raises(RegistrationMismatch) as e:
         pools_for("decode", tensors)
     assert str(e.value) == (
-        "specs/vllm-qwen3-next.yaml:52:3: error: tensor 'data' of layer 0 is not a run of "
+        "specs/vllm-qwen3-next.yaml:58:3: error: tensor 'data' of layer 0 is not a run of "
         "contiguous 3072 B items 81920 B apart (the spec's pitch) (byte strides [3072, 1024, "
         "2]); the spec's component 'gdn_conv' expects items of [3, 512] bfloat16 = 3072 B on "
         "a rank of TP 1\n  hint: register the engine's whole cache tensor, one item per block")
@@ -119,6 +119,67 @@ def test_endpoints_move_pages_and_state_between_hybrid_caches_in_place(tight):
             expect[at + 3 * PAGE:at + 3 * PAGE + 68608] = praw[state]
         assert torch.equal(draw, expect)
         assert rv.bytes == 2 * 2 * PAGE + 2 * 68608
+    finally:
+        dec.close()
+        pre.close()
+        boot.close()
+
+
+def test_each_state_layer_moves_from_and_to_its_own_slot(tight):
+    """Note [Layer slots]: vLLM's hybrid cache with several state groups gives each GDN layer
+    its group's block; here GDN layer 0 moves from prefill block 2 to decode block 3 and GDN
+    layer 2 from block 5 to block 1, with link digests on, and nothing else of decode's
+    buffer changes."""
+    knobs.override(checksum=1)
+    praw, ptensors = hybrid_caches(blocks=6)
+    draw, dtensors = hybrid_caches(blocks=6)
+    praw.copy_(torch.randint(-128, 128, praw.shape, dtype=torch.int8,
+                             generator=torch.Generator().manual_seed(1)))
+    plan, ppools = pools_for("prefill", ptensors)
+    _, dpools = pools_for("decode", dtensors)
+    boot = BootstrapServer(1)
+    pre = PrefillEndpoint(LAYOUT, WIRE, plan, R0, 0, ManualEngine(), ppools, boot.address)
+    dec = DecodeEndpoint(LAYOUT, WIRE, plan, R0, 0, ManualEngine(), dpools, boot.address)
+    try:
+        dec.wait_ready(5)
+        rv = dec.receiver(9)
+        rv.init([4], 0, layer_slots={0: 3, 2: 1})
+        pre.sender(9).send([0], 0, True, 100, layer_slots={0: 2, 2: 5})
+        wait_for(lambda: rv.poll() in (KVPoll.Success, KVPoll.Failed), what="the transfer")
+        assert rv.poll() == KVPoll.Success, rv.reason
+        expect = torch.zeros_like(draw)
+        for j, (src, dst) in enumerate(((2, 3), (5, 1))):  # GDN layer 2j's state blocks
+            at = j * 6 * PAGE
+            expect[at + 4 * PAGE:at + 5 * PAGE] = praw[at:at + PAGE]  # attention page 0 -> 4
+            expect[at + dst * PAGE:at + dst * PAGE + 68608] = \
+                praw[at + src * PAGE:at + src * PAGE + 68608]
+        assert torch.equal(draw, expect)
+        assert rv.bytes == 2 * PAGE + 2 * 68608
+    finally:
+        dec.close()
+        pre.close()
+        boot.close()
+
+
+def test_a_request_naming_no_slot_for_a_state_layer_fails_alone(tight):
+    """A slot per layer that leaves a state layer out fails the request with the layer
+    named (prefill checks decode's ids before it writes)."""
+    _, ptensors = hybrid_caches(blocks=6)
+    _, dtensors = hybrid_caches(blocks=6)
+    plan, ppools = pools_for("prefill", ptensors)
+    _, dpools = pools_for("decode", dtensors)
+    boot = BootstrapServer(1)
+    pre = PrefillEndpoint(LAYOUT, WIRE, plan, R0, 0, ManualEngine(), ppools, boot.address)
+    dec = DecodeEndpoint(LAYOUT, WIRE, plan, R0, 0, ManualEngine(), dpools, boot.address)
+    try:
+        dec.wait_ready(5)
+        rv = dec.receiver(11)
+        rv.init([4], 0, layer_slots={0: 3})
+        sender = pre.sender(11)
+        sender.send([0], 0, True, 100, layer_slots={0: 2, 2: 5})
+        wait_for(lambda: rv.poll() == KVPoll.Failed, what="the failure")
+        assert "the request names slots for layers [0] but not for layer 2" in rv.reason, \
+            rv.reason
     finally:
         dec.close()
         pre.close()

@@ -84,7 +84,7 @@ def test_abort_without_ack_quarantines_the_pages(pair):
     wait_for(lambda: pair.peng.held, what="a write in flight")
     t0 = time.monotonic()
     assert rv.abort() is False  # waits abort_ack_timeout_s (0.6 s), then quarantines
-    assert 0.5 < time.monotonic() - t0 < 2.0
+    assert 0.5 < time.monotonic() - t0 < 10.0  # the 0.6 s ack timeout (slack for a busy box)
     assert rv.quarantined and rv.page_state == PageState.QUARANTINED
     pair.peng.release()  # the write lands at last and prefill acks: too late, still quarantined
     wait_for(lambda: s.poll() == KVPoll.Failed, what="prefill drained")
@@ -101,7 +101,7 @@ def test_stuck_writes_are_acked_not_drained_and_decode_quarantines_at_once(pair)
     wait_for(lambda: pair.peng.held, what="a write in flight")
     t0 = time.monotonic()
     assert rv.abort() is False
-    assert time.monotonic() - t0 < 2.0  # AbortAck(drained=False), not the 30 s ack timeout
+    assert time.monotonic() - t0 < 10.0  # AbortAck(drained=False), not the 30 s ack timeout
     assert rv.page_state == PageState.QUARANTINED
     assert pair.pre.stats()["drain_timeouts"] == 1
     pair.peng.release()
@@ -363,12 +363,12 @@ def test_dead_prefill_fails_its_requests_with_a_reason_then_quarantines(fam):
         s, rv = start(p, 70, [1], 1, 7)
         send_all(s, [1], 1)
         wait_for(lambda: p.peng.held, what="a write in flight")
-        t0 = time.monotonic()
         p.pre.close()  # its control plane stops: no heartbeat, no ack
         wait_for(lambda: rv.poll() == KVPoll.Failed, what="failure detection")
+        # the liveness window failed it (its reason says so), not a request deadline; no
+        # wall-clock bound here: a loaded box only makes the wait longer
         assert rv.reason == "prefill peer prefill.dp0.pp0.tp0 silent for 0.6 s"
         wait_for(lambda: rv.page_state == PageState.QUARANTINED, what="quarantine")
-        assert time.monotonic() - t0 < 0.6 + 0.6 + 0.5
     finally:
         p.dec.close()
         p.boot.close()

@@ -183,7 +183,7 @@ def test_registration_sections_follow_the_plan_positions(py_name, prefill, decod
                 side=wire.PeerSide.PREFILL if side_name == "prefill" else wire.PeerSide.DECODE,
                 dp_group=0, rank=reg.rank, page_size=topo.prefill.page_size,
                 plan_digest=bytes.fromhex(plan.digest()), agent_info=b"127.0.0.1:17001",
-                control_endpoint="tcp://127.0.0.1:5757", sections=sections)
+                instance="127.0.0.1:30000", sections=sections)
             assert family.decode(family.encode(msg)) == msg
     if stages is not None and py_name == "qwen38":
         assert empty_sections > 0  # stage 0 has no QSA layer: its sections are empty, not gone

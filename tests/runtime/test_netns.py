@@ -5,6 +5,9 @@ there, the control plane authenticated, every byte verified by `pdc demo --hosts
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -80,3 +83,39 @@ def test_mooncake_on_ipv6_hosts_is_refused_up_front():
         "prefill-dp0-pp0-tp0 crashed: TransferError(\"mooncake: hostname 'fd00:77::1' is IPv6, "
         "and Mooncake (0.3.13) moves bytes over IPv4 only; hint: give this process an IPv4 "
         "address (PDC_BIND_HOST / PDC_ADVERTISE_HOST), or use the nixl engine for IPv6\")"), why
+
+
+# Note [ZMQ threads and namespaces]: the process's first ZMQ call happens inside a namespace
+# host, as in tests/integrations/test_sglang_netns.py; a fresh process, so nothing before it
+# has started the shared context.
+_FIRST_ZMQ_INSIDE = """
+import sys, threading
+from pdc.netns import Hosts, inside
+from pdc.runtime import knobs
+from pdc.runtime.control import BootstrapServer, HostSettings, Hub, bootstrap_call, fetch_table
+knobs.override(control_secret="s" * 32)
+with Hosts(1, tag=sys.argv[1]) as hosts:
+    host = hosts.hosts[0]
+    with inside(host.namespace):
+        table = BootstrapServer(1, hosts=HostSettings(host.address))
+        bootstrap_call(table.address, {"op": "put", "dp": 0, "pp": 0, "tp": 0,
+                                       "endpoint": "tcp://x:1"}, 5)
+        print("inside:", fetch_table(table.address, 5))
+knobs.reset()
+got, done = [], threading.Event()
+server = Hub(lambda peer, p: server.send(peer, b"pong:" + p), bind=True)
+client = Hub(lambda peer, p: (got.append(p), done.set()), bind=False)
+client.connect("p0", server.address)
+for _ in range(25):
+    client.send("p0", b"ping")
+    if done.wait(0.2):
+        break
+print("home:", got[:1])
+"""
+
+
+def test_a_first_zmq_call_inside_a_namespace_leaves_later_connects_at_home():
+    r = subprocess.run([sys.executable, "-c", _FIRST_ZMQ_INSIDE, f"pdczq{os.getpid() % 10000}"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.splitlines() == ["inside: {(0, 0, 0): 'tcp://x:1'}", "home: [b'pong:ping']"]

@@ -78,6 +78,20 @@ def test_a_folder_compiled_ahead_of_time_is_found(folder, tmp_path):
     assert not (tmp_path / "cache").exists()  # nothing compiled at start
 
 
+def test_a_user_specs_declared_deployments_are_loaded_not_lowered(folder, tmp_path):
+    (folder / "neox.yaml").write_text(NEOX + "deployments:\n  - {prefill: {tp: 2}, decode: "
+                                      "{tp: 1}, backend: mooncake}\n")
+    out = tmp_path / "compiled"
+    subprocess.run([sys.executable, "-m", "pdc", "compile", str(folder / "neox.yaml"),
+                    "--out", str(out)], check=True, capture_output=True, timeout=300)
+    assert (out / "my_neox" / "plans.py").exists()
+    family = S.find_family("sglang", "GPTNeoXForCausalLM", [out])
+    declared = family.topology("tp=2", "tp=1", "mooncake")
+    assert family.is_declared(declared)
+    assert not family.is_declared(family.topology("tp=1", "tp=1", "mooncake"))
+    assert len(family.plan(declared).links) == 2
+
+
 def test_a_broken_user_spec_is_refused_with_its_located_errors(folder):
     (folder / "neox.yaml").write_text(NEOX.replace("head_dim: hidden_size // heads",
                                                    "head_dim: hidden_size // nheads"))
@@ -97,7 +111,8 @@ def test_an_architecture_found_nowhere_names_every_place(folder, tmp_path):
     assert str(e.value).splitlines()[0] == (
         f"pdc has no spec for architecture FalconForCausalLM served by sglang; looked in: "
         f"{folder} (sglang specs for GPTNeoXForCausalLM); {missing} (not a folder); pdc's "
-        f"package (sglang specs for LlamaForCausalLM, Qwen3ForCausalLM)")
+        f"package (sglang specs for DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, "
+        f"LlamaForCausalLM, Qwen3ForCausalLM, Qwen3NextForCausalLM)")
 
 
 def test_the_package_serves_what_its_specs_say():
@@ -105,4 +120,6 @@ def test_the_package_serves_what_its_specs_say():
     assert served[("vllm", "LlamaForCausalLM")] == "vllm-llama"
     assert served[("vllm", "Qwen3NextForCausalLM")] == "vllm-qwen3-next"
     assert served[("sglang", "Qwen3ForCausalLM")] == "sglang-llama"
+    assert served[("sglang", "Qwen3NextForCausalLM")] == "sglang-qwen3-next"
+    assert served[("sglang", "DeepseekV3ForCausalLM")] == "sglang-deepseek-mla"
     assert served[("transformers", "DeepseekV2ForCausalLM")] == "hf-deepseek-v3"

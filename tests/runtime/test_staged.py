@@ -271,3 +271,75 @@ def test_a_quarantined_staged_request_keeps_its_region(split):
     assert dec.stats()["staging_bytes_quarantined"] > 0
     assert dec.arena.free != [(0, len(dec.arena.buf))]  # never handed out again
     split.peng.release()
+
+
+class _ScatterEvent:
+    """A CUDA event stand-in for decode's queued scatter (Note [Scatter by event])."""
+
+    def __init__(self):
+        self.done = False
+        self.waited = 0
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.waited += 1
+        self.done = True
+
+
+@pytest.fixture
+def event_split(fam, monkeypatch):
+    # The copy kernels on CPU tensors (Triton interpreter), and a controllable event after
+    # decode's scatter launches instead of the CUDA one.
+    from pdc.runtime.endpoints import staged
+
+    events = []
+
+    def make(pools):
+        events.append(_ScatterEvent())
+        return events[-1]
+
+    monkeypatch.setattr(staged, "_scatter_event", make)
+    tight_knobs(staged_min_descriptors=0, checksum=1)
+    s = Split(fam, devices=POOLS["kernels-cpu"])
+    s.events = events
+    yield s
+    s.close()
+    knobs.reset()
+
+
+def test_a_queued_scatter_turns_success_only_once_its_event_completes(event_split):
+    split = event_split
+    s, rvs = split.request(30, [9, 3, 11], 2)
+    wait_for(lambda: len(split.events) == 2 and s.poll() == KVPoll.Success,
+             what="every source's Success and both scatters queued")
+    time.sleep(0.1)
+    for rv, dec in zip(rvs, split.decs, strict=True):
+        dec._tick()
+        assert rv.poll() == KVPoll.WaitingForInput  # the scatter is only queued
+        assert rv.page_state == PageState.IN_USE
+        assert dec.arena.free != [(0, len(dec.arena.buf))]  # the scatter reads its region
+    split.events[0].done = True
+    assert rvs[0].poll() == KVPoll.Success  # at the next poll, without a wait
+    assert split.events[0].waited == 0
+    split.events[1].done = True
+    split.decs[1]._tick()  # or at the control thread's next tick
+    assert rvs[1].poll() == KVPoll.Success
+    for dec in split.decs:
+        assert dec.arena.free == [(0, len(dec.arena.buf))]
+        assert dec.stats().get("checksum_mismatches", 0) == 0
+
+
+def test_an_abort_during_a_queued_scatter_waits_for_it_first(event_split):
+    split = event_split
+    s, rvs = split.request(31, [9, 3, 11], 2)
+    wait_for(lambda: len(split.events) == 2 and s.poll() == KVPoll.Success,
+             what="every source's Success and both scatters queued")
+    assert rvs[0].abort() is True  # every source is quiet: the pages are reusable
+    assert split.events[0].waited == 1  # ... but only after the scatter into them ended
+    assert rvs[0].poll() == KVPoll.Failed and rvs[0].reason == "aborted by decode"
+    rvs[1].release()  # released while queued: waits, ends, gives the region back
+    assert split.events[1].waited == 1
+    for dec in split.decs:
+        assert dec.arena.free == [(0, len(dec.arena.buf))]

@@ -69,7 +69,7 @@ def entry(layer_id=0, tensor="k", base_addr=0x1000, item_bytes=64, capacity_item
 def register(sections=None, **kw):
     args = dict(side=PeerSide.DECODE, dp_group=0, rank=RankId(0, 1), page_size=64,
                 plan_digest=bytes(range(32)), agent_info=b"10.0.0.2:17001",
-                control_endpoint="tcp://10.0.0.2:5757",
+                instance="10.0.0.2:30000",
                 sections=sections if sections is not None else wire.registration_sections(
                     COMPS, {"kv": [entry(1, "v"), entry(0, "k"), entry(1, "k")]}))
     args.update(kw)
@@ -146,14 +146,16 @@ def message_strategy(kind: str, components):
     if kind == "Register":
         return st.builds(Register, side=st.sampled_from(PeerSide), dp_group=U16, rank=RANKS,
                          page_size=st.integers(1, 2**32 - 1), plan_digest=st.binary(min_size=32, max_size=32),
-                         agent_info=st.binary(max_size=256), control_endpoint=utf8_text(64),
+                         agent_info=st.binary(max_size=256), instance=utf8_text(64),
                          sections=sections(components))
     if kind == "TransferRequest":
         return st.builds(TransferRequest, room=U64, generation=U32, decode_rank=RANKS,
                          chunk_id=U32, decode_prefix_tokens=U64, slot=OPT_INDEX,
                          ring_slot=OPT_INDEX, aux_row=OPT_INDEX,
                          staging_addr=st.integers(1, 2**48), staging_bytes=st.integers(0, 2**40),
-                         dst_page_ids=IDS, window_page_ids=IDS)
+                         dst_page_ids=IDS, window_page_ids=IDS,
+                         layer_slots=IDS.map(lambda a: np.asarray(a, np.int64)[:len(a) // 2 * 2]
+                                             % 2**32))
     if kind == "Status":
         return st.builds(Status, room=U64, generation=U32, prefill_rank=RANKS,
                          state=st.sampled_from([s for s in KVPoll if s is not KVPoll.Failed]),
@@ -254,9 +256,9 @@ def test_wrong_fingerprint():
 
 def test_other_wire_version():
     buf = bytearray(enc(Abort(room=1, generation=0, decode_rank=RankId(0, 0))))
-    buf[4:6] = (3).to_bytes(2, "little")
+    buf[4:6] = (2).to_bytes(2, "little")
     assert rejects(reseal(buf)) == (
-        "header.version: peer speaks wire version 3, this side speaks 2: run the same pdc "
+        "header.version: peer speaks wire version 2, this side speaks 3: run the same pdc "
         "release on both sides")
 
 
@@ -291,7 +293,7 @@ def test_unknown_type_and_flags():
         "4 ABORT, 5 ABORT_ACK, 6 HEARTBEAT)")
     buf[6] = 4
     buf[7] = 0x80
-    assert rejects(reseal(buf)) == ("header.flags: 0x80 sets flags that wire version 2 does "
+    assert rejects(reseal(buf)) == ("header.flags: 0x80 sets flags that wire version 3 does "
                                     "not define")
 
 
@@ -305,7 +307,7 @@ def test_oversize_array_length():
     # Under the maximum but more than the bytes that follow: refused before allocating.
     buf[s.offset:s.offset + 4] = (1000).to_bytes(4, "little")
     assert rejects(reseal(buf)) == ("TransferRequest.dst_page_ids.count: 1000 elements need "
-                                    "8000 bytes but only 28 remain (truncated)")
+                                    "8000 bytes but only 32 remain (truncated)")
 
 
 def test_oversize_header_body_length():
@@ -453,6 +455,24 @@ def test_transfer_request_equality_compares_arrays():
     assert transfer_request() != transfer_request(dst_page_ids=[10, 11])
     assert transfer_request() != transfer_request(window_page_ids=[1])
     assert transfer_request() != transfer_request(chunk_id=1)
+    assert transfer_request() != transfer_request(layer_slots=[0, 5])
+
+
+def test_layer_slots_round_trip_as_pairs():
+    """Note [Layer slots]: (layer id, slot) pairs, one per state layer with its own slot."""
+    req = transfer_request(slot=-1, layer_slots=[0, 7, 1, 9, 4, 7])
+    got = dec(enc(req))
+    assert got == req and got.layer_slots.tolist() == [0, 7, 1, 9, 4, 7]
+
+
+def test_layer_slots_that_are_not_pairs_are_refused():
+    with pytest.raises(WireError) as e:
+        transfer_request(layer_slots=[0, 7, 1])
+    assert str(e.value) == ("TransferRequest.layer_slots: holds 3 values, not (layer id, "
+                            "slot) pairs")
+    with pytest.raises(WireError) as e:
+        transfer_request(layer_slots=[2**32, 1])
+    assert str(e.value) == "TransferRequest.layer_slots: layer id 4294967296 is not a u32"
 
 
 def test_wire_error_pickles():
@@ -600,5 +620,5 @@ def test_doc_limits_match_the_constants():
         value = row[1].replace(",", "")
         limits[row[0].strip("`")] = int(value[:-4]) << 20 if value.endswith(" MiB") else int(value)
     assert limits == {name: getattr(wire, name) for name in (
-        "MAX_BODY_BYTES", "MAX_PAGE_IDS", "MAX_AGENT_INFO_BYTES", "MAX_ENDPOINT_BYTES",
+        "MAX_BODY_BYTES", "MAX_PAGE_IDS", "MAX_AGENT_INFO_BYTES", "MAX_INSTANCE_BYTES",
         "MAX_REASON_BYTES", "MAX_SECTION_ENTRIES")}

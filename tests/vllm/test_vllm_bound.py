@@ -4,7 +4,9 @@ in runtime/binding.py, Note [Spec path] in runtime/spec_path.py).
 PdcConnector is started without a family: it takes the spec whose `serves` names the served
 model's architecture and binds it to the model's HF config and vLLM's block size and cache
 dtype. One Llama spec (specs/vllm-llama.yaml) serves two tiny Llamas of different layer
-counts, heads and block sizes, and a user's spec in a folder named by PDC_SPEC_PATH (outside
+counts, heads and block sizes (the 2-layer, 4-head one with 32-token blocks is
+tests/vllm/test_vllm_faults.py's model, token-identical there over Mooncake and NIXL; this
+module serves a 3-layer, 8-head one with 64-token blocks), and a user's spec in a folder named by PDC_SPEC_PATH (outside
 pdc's package, compiled on first use into a cache) serves GPT-NeoX, which pdc does not ship.
 Each model goes through one vLLM engine alone and a prefill and a decode engine over
 Mooncake; every prompt must be token-identical, and move exactly the bytes of the bound
@@ -30,8 +32,6 @@ PROMPTS, TOKENS = 4, 8
 
 # name -> (architecture, config, block size)
 MODELS = {
-    "llama-2x4": ("LlamaForCausalLM", dict(num_hidden_layers=2, hidden_size=256,
-                                           num_attention_heads=4, num_key_value_heads=2), 32),
     "llama-3x8": ("LlamaForCausalLM", dict(num_hidden_layers=3, hidden_size=512,
                                            num_attention_heads=8, num_key_value_heads=4), 64),
     "neox-2x4": ("GPTNeoXForCausalLM", dict(num_hidden_layers=2, hidden_size=256,

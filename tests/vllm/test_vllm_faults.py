@@ -1,7 +1,8 @@
-"""Faults between real vLLM engines with PdcConnector, over Mooncake and NIXL: aborts on
-either side while a transfer is open, peer death. One prefill and one decode engine per
-transfer engine serve every test of this module (engines take ~20 s each to start); the peer
-death test kills the prefill engine, so it runs last.
+"""Real vLLM engines with PdcConnector between them, over Mooncake and NIXL: every token of
+PD against one engine alone, then faults (aborts on either side while a transfer is open,
+peer death). One prefill and one decode engine per transfer engine serve every test of this
+module (engines take ~20 s each to start; the reference engine runs before them, alone); the
+peer death test kills the prefill engine, so it runs last.
 
 Leak checks read vLLM's own block pool and the connector's accounting (pdc.serving.vllm_engine's
 `free_blocks` op): after each test every block is back in vLLM's free queue (all but its null
@@ -16,7 +17,7 @@ import time
 
 import pytest
 
-from pdc.serving.vllm_demo import Engine
+from pdc.serving.vllm_demo import Engine, make_prompts, run_pd, run_single
 from pdc.serving.vllm_env import HINT, vllm_python
 
 pytestmark = pytest.mark.engines
@@ -31,13 +32,33 @@ KNOBS = {"peer_dead_after_s": PEER_DEAD_AFTER_S, "heartbeat_interval_s": HEARTBE
 _ids = itertools.count()
 
 
+PROMPTS = make_prompts(8, 0)  # `pdc vllm-demo --prompts 8`'s: lengths 17 to 300, a repeat
+TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def reference(vllm_model, tmp_path_factory) -> list[list[int]]:
+    """One engine alone's tokens for PROMPTS, before any pair starts (the pairs take both
+    cores)."""
+    eng = Engine(vllm_python(), tmp_path_factory.mktemp("vllm-ref"), "single", vllm_model, "",
+                 "mooncake", core=1)
+    try:
+        eng.wait_up()
+        return run_single(eng, PROMPTS, TOKENS)
+    finally:
+        eng.stop()
+
+
 @pytest.fixture(scope="module", params=["mooncake", "nixl"])
-def pair(request, vllm_model, tmp_path_factory):
+def pair(request, vllm_model, reference, tmp_path_factory):
     work = tmp_path_factory.mktemp(f"vllm-{request.param}")
     engines = []
     try:
         for role, core in (("prefill", 0), ("decode", 1)):
-            eng = Engine(vllm_python(), work, role, vllm_model, "vllm-llama", request.param,
+            # no family: the connector binds the spec that serves LlamaForCausalLM
+            # (specs/vllm-llama.yaml) to this model at start, as tests/vllm/test_vllm_bound.py
+            # does for other sizes
+            eng = Engine(vllm_python(), work, role, vllm_model, "", request.param,
                          core=core, extra={"knobs": KNOBS})
             engines.append(eng)
             eng.wait_up()
@@ -105,11 +126,19 @@ def pending_params(first_params: dict, room: int) -> dict:
     return {**first_params, "pdc_room": room, "remote_request_id": f"pending-{room}"}
 
 
-def test_a_request_moves_and_leaves_nothing_held(pair):
+def test_pd_is_token_identical_to_one_engine(pair, reference):
+    """Every prompt token-identical to the engine alone, bytes moved for every prompt: the
+    prompt's blocks x 2 layers x 16 KiB, a repeated prompt only the blocks decode's prefix
+    cache does not hold (its last one), and nothing held afterwards on either engine."""
     pre, dec = pair
-    r = pd(pre, dec, prompt(100, 1))
-    assert r["pdc"]["ok"] and r["pdc"]["bytes"] == 4 * 2 * 16384, r  # 4 blocks, 2 layers
-    assert len(r["tokens"]) == 4
+    tokens, transfers, _, errors, _ = run_pd(pre, dec, PROMPTS, TOKENS)
+    assert errors == [""] * len(PROMPTS) and tokens == reference, (errors, tokens)
+    repeats = 0
+    for p, t in zip(PROMPTS, transfers, strict=True):
+        assert t["ok"] and t["prefix_tokens"] % 32 == 0, t
+        repeats += t["prefix_tokens"] > 0
+        assert t["bytes"] == (-(-len(p) // 32) - t["prefix_tokens"] // 32) * 2 * 16384, t
+    assert repeats == 2, transfers  # prompts 3 and 7 repeat prompt 2 (150 tokens: 4 of 5)
     nothing_held(pre)
     nothing_held(dec)
 

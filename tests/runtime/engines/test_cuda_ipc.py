@@ -15,6 +15,8 @@ import json
 import multiprocessing as mp
 import os
 import subprocess
+import threading
+import time
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -268,6 +270,110 @@ def test_gpu_two_processes_every_byte():
     finally:
         a.send("stop")
         p.join(60)
+
+
+def _gpu_reader(conn, size):
+    """Like _gpu_peer, but answers every "read" with its bytes until "stop"."""
+    eng = CudaIpcEngine("cuda:0")
+    dst = torch.full((size,), 0xA5, dtype=torch.uint8, device="cuda:0")
+    eng.register_tensor(dst)
+    conn.send((eng.agent_info(), dst.data_ptr()))
+    while conn.recv() == "read":
+        conn.send(dst.cpu().numpy().tobytes())
+    eng.close()
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_repeated_shape_replays_a_graph_and_wakes_the_waiter():
+    # Note [Descriptor-copy graphs] and Note [Completion wake-up]: the same shape four times
+    # with fresh bytes and fresh pages each time; the second is captured, the third and fourth
+    # replay its graph, and every byte of each write lands.
+    from pdc.runtime import descriptor_copy
+
+    size = 16 << 20
+    ctx = mp.get_context("spawn")
+    a, b = ctx.Pipe()
+    p = ctx.Process(target=_gpu_reader, args=(b, size))
+    p.start()
+    try:
+        assert a.poll(120)
+        info, base = a.recv()
+        eng = CudaIpcEngine("cuda:0")
+        woken = []
+        assert eng.on_completion(lambda: woken.append(1))
+        src = torch.empty(size, dtype=torch.uint8, device="cuda:0")
+        eng.register_tensor(src)
+        name = eng.connect(info)
+        rng = np.random.default_rng(1)
+        n = size // 32768 // 2
+        before = dict(descriptor_copy.graph_stats)
+        s = src.data_ptr() + np.arange(n, dtype=np.uint64) * 32768
+        for _ in range(4):
+            src.random_(0, 256)
+            pages = rng.permutation(size // 32768)[:n]
+            d = base + pages.astype(np.uint64) * 32768
+            eng.wait(eng.submit_write(name, s, d, np.full(n, 32768)), 60)
+            a.send("read")
+            assert a.poll(120)
+            got = torch.frombuffer(bytearray(a.recv()), dtype=torch.uint8).view(-1, 32768)
+            assert torch.equal(got[torch.from_numpy(pages)], src[:n * 32768].cpu().view(-1, 32768))
+        assert descriptor_copy.graph_stats["captured"] == before["captured"] + 1
+        assert descriptor_copy.graph_stats["replayed"] == before["replayed"] + 2
+        deadline = time.monotonic() + 10
+        while len(woken) < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(woken) == 4
+        eng.close()
+    finally:
+        a.send("stop")
+        p.join(60)
+
+
+def test_completion_thread_wakes_after_each_batch_event(monkeypatch):
+    # Note [Completion wake-up] without a GPU: the engine's completion thread waits on each
+    # pending batch's events, in order, and then calls every callback.
+    from pdc.runtime.engines.base import Batch
+
+    eng = CudaIpcEngine("cpu")
+    monkeypatch.setattr(eng, "_cuda", True)
+    woken = []
+    assert eng.on_completion(lambda: woken.append("a"))
+    assert eng.on_completion(lambda: woken.append("b"))
+    gate = threading.Event()
+    synced = []
+
+    class Ev:
+        def __init__(self, tag):
+            self.tag = tag
+
+        def synchronize(self):
+            if self.tag == 1:
+                gate.wait(10)  # the first batch ends only when the test says so
+            synced.append(self.tag)
+
+    first = Batch(peer="p", handles=[Ev(1)], nbytes=1, descriptors=1)
+    eng._watch(first)
+    eng._watch(Batch(peer="p", handles=[Ev(2)], nbytes=1, descriptors=1))
+    done = Batch(peer="p", handles=[], nbytes=1, descriptors=1)
+    done.state = BatchState.DONE
+    eng._watch(done)  # an ended batch is not waited for
+    time.sleep(0.05)
+    assert synced == [] and woken == []
+    gate.set()
+    deadline = time.monotonic() + 10
+    while len(woken) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert synced == [1, 2] and woken == ["a", "b", "a", "b"]
+    monkeypatch.setattr(eng, "_cuda", False)
+    eng.close()
+    assert eng._waiter is None
+
+
+def test_cpu_engine_reports_no_completion_thread():
+    eng = CudaIpcEngine("cpu")
+    assert eng.on_completion(lambda: None) is False  # batches end inside submit_write
+    eng.close()
 
 
 def test_handle_bytes_survive_nul_bytes():

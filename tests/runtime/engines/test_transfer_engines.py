@@ -303,6 +303,19 @@ def test_region_table_containment():
         as_descriptors([2**64 - 8], [0x1000], [16])
 
 
+def test_region_table_containment_of_large_writes():
+    # Over 64 descriptors a write inside one registration is decided by its bounds at once;
+    # anything else still gets the per-descriptor answer.
+    table = RegionTable([(0x10000, 0x10000), (0x20000, 0x10000)])
+    addr = 0x10000 + np.arange(100, dtype=np.uint64) * 0x100
+    nbytes = np.full(100, 0x100, np.uint64)
+    assert table.outside(addr, nbytes).tolist() == []
+    for i, (a, n) in {7: (0x1FF80, 0x100), 50: (0x30000, 1), 99: (0xFFFF, 1)}.items():
+        bad_a, bad_n = addr.copy(), nbytes.copy()
+        bad_a[i], bad_n[i] = a, n  # straddles two regions, past the last, below the first
+        assert table.outside(bad_a, bad_n).tolist() == [i]
+
+
 def test_package_import_loads_no_engine_library():
     code = (
         "import sys, pdc.runtime.engines as e; "

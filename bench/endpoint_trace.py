@@ -1,0 +1,127 @@
+"""Where one request's time goes between the two processes of `bench/endpoints_processes.py`.
+
+Runs that bench with the endpoints' main steps wrapped in stamps (time.monotonic, one clock for
+both processes): decode's init() and message handler, prefill's message handler, coverage
+check, component pairs, descriptor build, gather, submit and Success reply, decode's scatter,
+and the engine's submit_write. Each process writes its stamps to `TRACE_OUT.<pid>.json` at exit;
+`--show TRACE_OUT` prints, per case, the median start, end and duration of every step relative
+to decode's init(). The wrappers cost about a microsecond per call, so the bench's own table
+stays comparable. Timings only; nothing is asserted.
+
+    TRACE_OUT=/tmp/tr/t TRACE_ENGINE_CLS=pdc.runtime.engines.cuda_ipc.CudaIpcEngine \\
+        BENCH_WRAP="python3 $PWD/bench/endpoint_trace.py" bash bench/run_gpu_engines.sh OUT
+    python bench/endpoint_trace.py --show /tmp/tr/t --reps 5 --cases staged-8K,direct-8K
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import functools
+import glob
+import importlib
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+STAMPS: list[tuple[str, float, float]] = []
+
+
+def _wrap(owner, name: str, label: str) -> None:
+    f = getattr(owner, name)
+
+    @functools.wraps(f)
+    def stamped(*a, **k):
+        t = time.monotonic()
+        try:
+            return f(*a, **k)
+        finally:
+            STAMPS.append((label, t, time.monotonic()))
+
+    setattr(owner, name, stamped)
+
+
+def install() -> None:
+    from pdc.runtime import staging
+    from pdc.runtime.endpoints import decode as dc
+    from pdc.runtime.endpoints import prefill_control as pc
+    from pdc.runtime.endpoints import prefill_worker as pw
+    from pdc.runtime.endpoints import staged as sg
+
+    _wrap(pw.DescriptorTemplate, "build", "prefill.build")
+    _wrap(pw, "check_page_coverage", "prefill.coverage")
+    _wrap(pw, "component_pairs", "prefill.pairs")
+    for owner, names in [(pw.PrefillWorker, ["_submit", "_finish_success"]),
+                         (pc.PrefillControl, ["_on_decoded", "_reply"]),
+                         (dc.DecodeEndpoint, ["_on_message", "_complete"]),
+                         (dc.DecodeReceiver, ["init"]),
+                         (staging.Launches, ["gather_chunk", "scatter_link"])]:
+        for n in names:
+            _wrap(owner, n, f"{owner.__name__}.{n}")
+    _wrap(sg.PrefillStaging, "_gather", "prefill.gather")
+    _wrap(sg.DecodeStaging, "_unstage", "decode.unstage")
+    eng = os.environ.get("TRACE_ENGINE_CLS")
+    if eng:
+        mod, cls = eng.rsplit(".", 1)
+        _wrap(getattr(importlib.import_module(mod), cls), "submit_write", "engine.submit_write")
+
+    def dump() -> None:
+        out = os.environ.get("TRACE_OUT", "trace/t")
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(f"{out}.{os.getpid()}.json").write_text(json.dumps(STAMPS))
+
+    atexit.register(dump)
+
+
+def show(prefix: str, reps: int, cases: list[str]) -> None:
+    """Medians per case; requests are split at decode's init(), `reps + 1` per case (the
+    first, the warm-up, left out)."""
+    stamps = sorted((s for f in glob.glob(prefix + ".*.json") for s in json.loads(
+        Path(f).read_text())), key=lambda s: s[1])
+    requests: list[list] = []
+    for s in stamps:
+        if s[0] == "DecodeReceiver.init":
+            requests.append([])
+        if requests:
+            requests[-1].append(s)
+    for i, case in enumerate(cases):
+        steps = collections.defaultdict(list)
+        for req in requests[i * (reps + 1) + 1:(i + 1) * (reps + 1)]:
+            t0, seen = req[0][1], collections.Counter()
+            for label, a, b in req:
+                seen[label] += 1
+                steps[(label, seen[label])].append(((a - t0) * 1e3, (b - a) * 1e3))
+        print(f"== {case}: ms from decode's init()")
+        for (label, k), v in sorted(steps.items(),
+                                    key=lambda x: statistics.median(y[0] for y in x[1])):
+            if len(v) * 2 < reps:
+                continue  # a heartbeat or registration, not a step of every request
+            start = statistics.median(y[0] for y in v)
+            end = statistics.median(y[0] + y[1] for y in v)
+            print(f"  {label:32s}#{k}  start {start:8.3f}  end {end:8.3f}  "
+                  f"took {statistics.median(y[1] for y in v):7.3f}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--show":
+        import argparse
+
+        ap = argparse.ArgumentParser()
+        ap.add_argument("--show", required=True)
+        ap.add_argument("--reps", type=int, default=5)
+        ap.add_argument("--cases", default="staged-8K,direct-8K,staged-1K,direct-1K")
+        a = ap.parse_args()
+        show(a.show, a.reps, a.cases.split(","))
+        sys.exit(0)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    install()
+    import endpoints_processes
+
+    if len(sys.argv) > 2 and sys.argv[1].endswith("python3"):  # BENCH_WRAP prefixes it
+        sys.argv = sys.argv[2:]
+    sys.exit(endpoints_processes.main())
+elif __name__ == "__mp_main__":
+    install()  # the spawned prefill process runs this file again under that name
