@@ -294,16 +294,18 @@ def event_split(fam, monkeypatch):
     # decode's scatter launches instead of the CUDA one.
     from pdc.runtime.endpoints import staged
 
-    events = []
+    events = []  # (the decode rank's pools, its scatter's event), in the order queued
 
     def make(pools):
-        events.append(_ScatterEvent())
-        return events[-1]
+        events.append((pools, _ScatterEvent()))
+        return events[-1][1]
 
     monkeypatch.setattr(staged, "_scatter_event", make)
     tight_knobs(staged_min_descriptors=0, checksum=1)
     s = Split(fam, devices=POOLS["kernels-cpu"])
     s.events = events
+    # The decode ranks' control threads queue their scatters in either order.
+    s.event_of = lambda i: next(ev for pools, ev in events if pools is s.decs[i].pools)
     yield s
     s.close()
     knobs.reset()
@@ -320,10 +322,10 @@ def test_a_queued_scatter_turns_success_only_once_its_event_completes(event_spli
         assert rv.poll() == KVPoll.WaitingForInput  # the scatter is only queued
         assert rv.page_state == PageState.IN_USE
         assert dec.arena.free != [(0, len(dec.arena.buf))]  # the scatter reads its region
-    split.events[0].done = True
+    split.event_of(0).done = True
     assert rvs[0].poll() == KVPoll.Success  # at the next poll, without a wait
-    assert split.events[0].waited == 0
-    split.events[1].done = True
+    assert split.event_of(0).waited == 0
+    split.event_of(1).done = True
     split.decs[1]._tick()  # or at the control thread's next tick
     assert rvs[1].poll() == KVPoll.Success
     for dec in split.decs:
@@ -337,9 +339,9 @@ def test_an_abort_during_a_queued_scatter_waits_for_it_first(event_split):
     wait_for(lambda: len(split.events) == 2 and s.poll() == KVPoll.Success,
              what="every source's Success and both scatters queued")
     assert rvs[0].abort() is True  # every source is quiet: the pages are reusable
-    assert split.events[0].waited == 1  # ... but only after the scatter into them ended
+    assert split.event_of(0).waited == 1  # ... but only after the scatter into them ended
     assert rvs[0].poll() == KVPoll.Failed and rvs[0].reason == "aborted by decode"
     rvs[1].release()  # released while queued: waits, ends, gives the region back
-    assert split.events[1].waited == 1
+    assert split.event_of(1).waited == 1
     for dec in split.decs:
         assert dec.arena.free == [(0, len(dec.arena.buf))]
