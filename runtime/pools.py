@@ -138,6 +138,81 @@ class RegistrationMismatch(ValueError):
     """An engine-owned tensor does not hold what the plan says its entry holds."""
 
 
+# Note [Two memory kinds]: a rank's pools are all host memory or all memory of one GPU. A
+# transfer engine is made for one kind (make_engine's `device=`: nothing for host memory,
+# "cuda:N" for that GPU's, which NIXL registers as VRAM and Mooncake at location cuda:N), and a
+# rank has one engine, so the integrations pick the engine's kind and device from the memory
+# their serving engine's buffers live in (`engine_device`) and refuse buffers in two kinds or
+# on two GPUs, naming one buffer on each and the spec, instead of registering host memory as a
+# GPU's (or the reverse) and failing at the first transfer. vLLM keeps one worker's caches on
+# its GPU; SGLang keeps its KV pools on the GPU and its metadata buffers (the aux row) on the
+# host unless told otherwise (integrations/sglang/family.py, docs/sglang.md).
+
+
+def device_name(t) -> str:
+    """"cpu" or "cuda:N" for a numpy array, a torch tensor, anything with a `.device`, or a
+    device's name ("cuda" alone is cuda:0)."""
+    if isinstance(t, np.ndarray):
+        return "cpu"
+    text = str(getattr(t, "device", t))
+    if text.startswith("cuda"):
+        return text if ":" in text else "cuda:0"
+    return "cpu"
+
+
+_CUDA: list = []  # [libcuda or None], loaded on first use
+
+
+def address_device(addr: int) -> str:
+    """"cuda:N" when `addr` is memory of GPU N, else "cpu" (host memory, also on a machine
+    without CUDA): for engines that hand over addresses only (SGLang's KVArgs). Asks the CUDA
+    driver (cuPointerGetAttribute), in the process that owns the memory."""
+    import ctypes
+
+    if not _CUDA:
+        try:
+            cu = ctypes.CDLL("libcuda.so.1")
+            _CUDA.append(cu if cu.cuInit(0) == 0 else None)
+        except OSError:
+            _CUDA.append(None)
+    cu = _CUDA[0]
+    if cu is None or not addr:
+        return "cpu"
+    kind, ordinal = ctypes.c_uint(0), ctypes.c_int(-1)
+    # CU_POINTER_ATTRIBUTE_MEMORY_TYPE (2) is CU_MEMORYTYPE_DEVICE (2) for a GPU's memory;
+    # host memory CUDA never saw answers an error, pinned host memory CU_MEMORYTYPE_HOST
+    if cu.cuPointerGetAttribute(ctypes.byref(kind), 2, ctypes.c_uint64(addr)) != 0 or \
+            kind.value != 2:
+        return "cpu"
+    # CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL (9)
+    if cu.cuPointerGetAttribute(ctypes.byref(ordinal), 9, ctypes.c_uint64(addr)) != 0:
+        return "cuda:0"
+    return f"cuda:{ordinal.value}"
+
+
+def engine_device(tensors: Mapping[Any, Any], where: str,
+                  owner: str = "vLLM's cache tensors of this worker",
+                  hint: str = "pdc registers one worker's cache on one device; run one vLLM "
+                              "worker per device",
+                  label=None) -> dict:
+    """make_engine's `device=` for the memory `tensors` live in (Note [Two memory kinds]):
+    nothing for host memory, {"device": "cuda:N"} for one GPU's. Tensors on several devices
+    (host and a GPU count as two) are refused: `where` locates the refusal (a spec), `owner`
+    says whose buffers they are, `label(key)`, when given, names the first buffer on each
+    device."""
+    first: dict[str, Any] = {}
+    for key, t in tensors.items():
+        first.setdefault(device_name(t), key)
+    devices = sorted(first)
+    if len(devices) > 1:
+        listed = ", ".join(d if label is None else f"{d}: {label(first[d])}" for d in devices)
+        raise RegistrationMismatch(f"{where}: error: {owner} are on {len(devices)} devices "
+                                   f"({listed})\n  hint: {hint}")
+    if not devices or devices[0] == "cpu":
+        return {}
+    return {"device": devices[0]}
+
+
 class EnginePools(RankPools):
     """Buffers that live in a serving engine's own tensors, registered in place (no copy).
 

@@ -189,6 +189,9 @@ class PdcKVManager(BaseKVManager):
                                     str(getattr(server_args, "dtype", "") or ""))
         self.engine_name = engine_name()
         kwargs = {"hostname": _host()} if self.engine_name == "mooncake" else {}
+        # for the memory SGLang's buffers live in: host, or their GPU (Note [SGLang memory
+        # kinds] in family.py); Mooncake moves a GPU's memory over TCP (its CUDA wheel)
+        kwargs.update(self.family.engine_kwargs)
         # A decode server opens one endpoint per prefill server, each registering the same
         # KV and aux buffers: the engine registers them once (Mooncake refuses a second).
         self.engine = SharedRegistrations(make_engine(self.engine_name, **kwargs))
@@ -225,12 +228,13 @@ class PdcKVManager(BaseKVManager):
             self.pools_by_plan: dict[str, object] = {}
         kv = next((c for c in self.family.layout.components if c.index == "page"), None)
         logger.info("pdc SGLang backend: %s %s rank %s, family %s (%s) bound to %d layers, "
-                    "pages of %d tokens, KV %s, engine %s, attention-DP group %d of %d",
+                    "pages of %d tokens, KV %s, engine %s on %s, attention-DP group %d of %d",
                     self.mode.value, self.family.architecture, self.rank,
                     self.family.layout.family,
                     self.family.layout.spec_path, self.family.layout.num_layers,
                     self.family.layout.default_page_size, kv.dtype if kv else "-",
-                    self.engine_name, self.dp_group, self.dp)
+                    self.engine_name, self.family.device or "host memory", self.dp_group,
+                    self.dp)
 
     # ~~~ prefill ~~~
 

@@ -15,6 +15,17 @@ of `MetadataBuffers.get_buf_infos` (disaggregation/utils.py); pdc's spec names e
 a tensor of an aux component. AUX_FIELDS is that order for the buffers SGLang registers by
 default; optional fields (sampling mask, DSA top-k, KV checksum) change the list and are
 refused by name.
+
+Note [SGLang memory kinds]: on a GPU SGLang 0.5.23 allocates its KV pools on the scheduler's
+GPU (`mem_cache/memory_pool.py:2580-2648`, MHATokenToKVPool._create_buffers_normal: K and V of
+a layer as the two halves of one [2, rows, heads, head_dim] tensor) and its MetadataBuffers on
+the host (`disaggregation/utils.py:416`), or on the GPU when
+SGLANG_MOONCAKE_CUSTOM_MEM_POOL=INTRA_NODE_NVLINK (`utils.py:425-426`). KVArgs carries
+addresses only, so the backend asks the CUDA driver where each buffer lives
+(`address_device`) and makes its engine for that memory (Note [Two memory kinds] in
+runtime/pools.py): host memory on a CPU server, the GPU's when every buffer is on it. Buffers
+in both kinds are refused at start, naming one of each; views over device buffers are torch
+tensors on that GPU (`_tensor_over`).
 """
 
 from __future__ import annotations
@@ -29,7 +40,7 @@ from pdc.runtime.diagnostics import SpecErrors
 from pdc.runtime.family import Family, FamilyNotFound
 from pdc.runtime.layout_types import FamilyLayout
 from pdc.runtime.plan_types import Plan, RankId
-from pdc.runtime.pools import EnginePools, RegistrationMismatch
+from pdc.runtime.pools import EnginePools, RegistrationMismatch, address_device, engine_device
 from pdc.runtime.spec_path import find_family, search_folders
 
 ENGINE = "sglang"  # the engine a spec's `serves` names for this backend
@@ -98,6 +109,12 @@ class ServedFamily:
     wire: Family  # the codec of its control messages (Family.encode/decode)
     architecture: str
     kv_dtype: str = ""  # the server's KV dtype ("" when it does not say); Note [Served family]
+    device: str = ""  # the GPU of SGLang's buffers, "" for host memory (Note [SGLang memory kinds])
+
+    @property
+    def engine_kwargs(self) -> dict:
+        """make_engine's `device=` for this rank's buffers."""
+        return {"device": self.device} if self.device else {}
 
     @property
     def layout(self) -> FamilyLayout:
@@ -134,9 +151,10 @@ class Region:
     nbytes: int
     item_bytes: int
     what: str  # in SGLang's words, for messages
+    device: str = "cpu"  # "cuda:N" for a GPU's memory (Note [SGLang memory kinds])
 
 
-def buffers_of(kv_args, page_tensors=(("kv", "k"), ("kv", "v"))
+def buffers_of(kv_args, page_tensors=(("kv", "k"), ("kv", "v")), locate=address_device
                ) -> dict[tuple[str, str, int], Region]:
     """SGLang's KV buffers as (component, tensor, layer id) -> region.
 
@@ -173,11 +191,12 @@ def buffers_of(kv_args, page_tensors=(("kv", "k"), ("kv", "v"))
         layer = int(layer_ids[i])
         what = tensor.upper() if comp == "kv" else comp
         out[(comp, tensor, layer)] = Region(int(ptr), int(nbytes), int(item),
-                                            f"SGLang's {what} buffer of layer {layer}")
+                                            f"SGLang's {what} buffer of layer {layer}",
+                                            locate(int(ptr)))
     return out
 
 
-def state_buffers_of(kv_args, slot_components=("gdn_conv", "gdn_ssm")
+def state_buffers_of(kv_args, slot_components=("gdn_conv", "gdn_ssm"), locate=address_device
                      ) -> dict[tuple[str, str, int], Region]:
     """SGLang's per-request state buffers (mamba pool) as (component, tensor, layer id).
 
@@ -207,11 +226,11 @@ def state_buffers_of(kv_args, slot_components=("gdn_conv", "gdn_ssm")
             field = "conv" if j // per_block == 0 else "temporal"
             out[(comp, "data", layer)] = Region(
                 int(ptr), int(nbytes), int(item),
-                f"SGLang's mamba {field} state of layer {layer}")
+                f"SGLang's mamba {field} state of layer {layer}", locate(int(ptr)))
     return out
 
 
-def aux_buffers_of(kv_args) -> dict[tuple[str, str], Region]:
+def aux_buffers_of(kv_args, locate=address_device) -> dict[tuple[str, str], Region]:
     """SGLang's aux buffers as (component, tensor) -> region; Note [SGLang aux row]."""
     ptrs, lens, items = kv_args.aux_data_ptrs, kv_args.aux_data_lens, kv_args.aux_item_lens
     if len(ptrs) != len(AUX_FIELDS):
@@ -227,21 +246,33 @@ def aux_buffers_of(kv_args) -> dict[tuple[str, str], Region]:
             comp = "aux_i32" if name in ("output_ids", "cached_tokens",
                                          "output_token_logprobs_idx") else "aux_f32"
         out[(comp, name)] = Region(int(ptr), int(nbytes), int(item),
-                                   f"SGLang's aux buffer {name}")
+                                   f"SGLang's aux buffer {name}", locate(int(ptr)))
     return out
 
 
+class _DeviceBytes:
+    """`nbytes` bytes of GPU memory at `addr`, for torch.as_tensor (no copy)."""
+
+    def __init__(self, addr: int, nbytes: int):
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1",
+                                         "data": (addr, False), "version": 3}
+
+
 def _tensor_over(region: Region, dtype_name: str):
-    """A torch view of SGLang's memory, one row per item, in the component's dtype: KVArgs
-    carries only addresses, so bytes per item and item count are what is checked."""
+    """A torch view of SGLang's memory (host or GPU: Note [SGLang memory kinds]), one row per
+    item, in the component's dtype: KVArgs carries only addresses, so bytes per item and item
+    count are what is checked."""
     import torch
 
     dtype = getattr(torch, dtype_name, None)
     elem = torch.empty((), dtype=dtype).element_size() if dtype is not None else 1
     if dtype is None or region.item_bytes % elem:
         dtype, elem = torch.uint8, 1
-    raw = (ctypes.c_uint8 * region.nbytes).from_address(region.addr)
-    flat = torch.frombuffer(raw, dtype=torch.uint8)
+    if region.device != "cpu":
+        flat = torch.as_tensor(_DeviceBytes(region.addr, region.nbytes), device=region.device)
+    else:
+        raw = (ctypes.c_uint8 * region.nbytes).from_address(region.addr)
+        flat = torch.frombuffer(raw, dtype=torch.uint8)
     items = region.nbytes // region.item_bytes
     return flat[:items * region.item_bytes].view(dtype).reshape(items,
                                                                 region.item_bytes // elem)
@@ -295,6 +326,28 @@ def engine_pools(layout: FamilyLayout, plan: Plan, side: str, rank: RankId,
                            f"{e}") from None
 
 
+def served_device(layout: FamilyLayout, kv_args, locate=address_device) -> str:
+    """The device of every buffer SGLang registers on this rank, "" for host memory (Note
+    [SGLang memory kinds]); buffers in two kinds of memory or on two GPUs are refused."""
+    regions = [*buffers_of(kv_args, _tensors_of(layout, "page"), locate).values(),
+               *state_buffers_of(kv_args, tuple(c for c, _ in _tensors_of(layout, "slot")),
+                                 locate).values(),
+               *aux_buffers_of(kv_args, locate).values()]
+    try:
+        chosen = engine_device({r.what: r.device for r in regions}, layout.spec_path,
+                               owner="SGLang's buffers of this rank", hint=MIXED_HINT,
+                               label=str)
+    except RegistrationMismatch as e:
+        raise RefusedModel(f"pdc: {e}") from None
+    return str(chosen.get("device", ""))
+
+
+MIXED_HINT = ("pdc makes one transfer engine per rank, for host memory or for one GPU's "
+              "(Note [Two memory kinds]); on a GPU SGLang keeps its metadata buffers on the "
+              "host unless SGLANG_MOONCAKE_CUSTOM_MEM_POOL=INTRA_NODE_NVLINK, which puts them "
+              "on the GPU beside the KV pools")
+
+
 def _tensors_of(layout: FamilyLayout, index: str) -> tuple[tuple[str, str], ...]:
     """(component, tensor) of the layout's components indexed by `index`, in spec order."""
     return tuple((c.name, t) for c in layout.components if c.index == index
@@ -334,7 +387,7 @@ def served_family(model_path: str, kv_args, tp: int, tp_rank: int,
     except RefusedModel as e:
         raise RefusedModel(f"pdc: {arch} ({model_path}) does not fit its spec: "
                            + str(e).removeprefix("pdc: ")) from None
-    return ServedFamily(family, family, arch, kv_dtype)
+    return ServedFamily(family, family, arch, kv_dtype, served_device(layout, kv_args))
 
 
 def side(tp: int, pp: int, dp: int, page_size: int) -> str:

