@@ -22,7 +22,7 @@ def check_spec(spec: Spec, diags: Diagnostics) -> None:
 
 def _check_components(spec: Spec, diags: Diagnostics) -> None:
     for c in spec.components:
-        if not c.request_wide and not c.layer_ids:
+        if not c.request_wide and not c.layer_ids and not _empty_draft(spec, c.name):
             diags.error(c.loc, f"component '{c.name}' selects no layers",
                         "check its `layers` selector against the layer kinds")
         if c.item.nbytes <= 0:
@@ -31,6 +31,17 @@ def _check_components(spec: Spec, diags: Diagnostics) -> None:
         if c.index is IndexKind.WINDOW and "page_size" not in spec.env:
             diags.error(c.loc, f"component '{c.name}' is window-indexed but the spec has no "
                         "`page_size` param", "add `page_size` to params")
+
+
+def _empty_draft(spec: Spec, name: str) -> bool:
+    """Note [Draft components] in runtime/binding.py: a component that selects only the draft
+    band's kind holds no layers while the band is empty (an engine that does not speculate)."""
+    draft = spec.layers.draft
+    sel = spec.raw.get("components", {}).get(name, {}).get("layers")
+    if draft is None or draft.count or not isinstance(sel, dict):
+        return False
+    kinds = [sel["kind"]] if "kind" in sel else sel.get("kinds", [])
+    return bool(kinds) and set(kinds) == {draft.kind}
 
 
 def _hex(v: int) -> str:

@@ -18,6 +18,22 @@ breaks which rule. The bound values are part of the family's identity: the finge
 wire header carries and the plan digest the handshake compares are taken over the spec hash
 and the bound values, so two engines that bound the same spec to different models (or page
 sizes, or KV dtypes) refuse each other at registration.
+
+Note [Draft components]: one spec describes the target model and, optionally, the draft model
+a speculating engine runs beside it (EAGLE's own small model, DeepSeek's MTP layers). The
+draft's layers are the spec's draft band (`layers: draft: {kind: eagle, count: draft_layers}`,
+ids after the real layers), and its state the components that select the band's kind
+(`layers: {kind: eagle}`). The engine says whether and what it speculates: `engine.draft_layers`
+(the draft's KV layer count; 0 when it does not speculate), `engine.draft.KEY` (a key of the
+draft model's config.json; absent when it does not speculate, so such params carry a
+`default`) and `engine.hidden_dtype` (the dtype of the hidden state the engine hands from
+prefill to decode for the draft's first step). While the band is empty its components hold no
+layers, which the compiler and the binder accept for components that select only the draft
+kind (any other component that selects nothing is still an error), so the same spec binds to
+a server that speculates and to one that does not; the bound values are in the family's
+identity, so a speculating prefill and a non-speculating decode refuse each other at
+registration. The spec language has no other way to say "optional component": a band of 0
+layers is one.
 """
 
 from __future__ import annotations
@@ -48,7 +64,7 @@ DTYPE_ALIASES = {"float": "float32", "half": "float16", "bf16": "bfloat16", "fp1
                  "fp32": "float32", "fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn",
                  "fp8_e5m2": "float8_e5m2"}
 SOURCES = ("config", "engine")
-ENGINE_KEYS = ("page_size", "kv_dtype", "ssm_dtype")
+ENGINE_KEYS = ("page_size", "kv_dtype", "ssm_dtype", "draft_layers", "draft", "hidden_dtype")
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +185,7 @@ class _Binder:
         self.origin: dict[str, set[str]] = {}  # param -> "config.x = v" facts it came from
         self.errors: list[Diagnostic] = []
         self.failed: set[str] = set()
+        self.draft_empty = False  # Note [Draft components]: the bound draft band holds none
 
     def error(self, loc: str, msg: str, hint: str = "") -> None:
         self.errors.append(Diagnostic(_loc(loc), msg, hint))
@@ -309,6 +326,7 @@ class _Binder:
             kind_of = {i: k for i, k in kind_of.items() if k != t.draft_kind}
             if dn is not None and first is not None:
                 draft_ids = tuple(range(first, first + dn))
+                self.draft_empty = dn == 0
                 kind_of.update({i: t.draft_kind for i in draft_ids})
         kinds = tuple(sorted(kind_of.items()))
         comps = tuple(self.component(c, kinds, num_layers, dtypes) for c in t.components)
@@ -353,7 +371,8 @@ class _Binder:
             layer_ids = tuple(i for i, k in kind_of if k in c.kinds)
         else:
             layer_ids = fx.layer_ids
-        if c.layers == "kinds" and not layer_ids:
+        if c.layers == "kinds" and not layer_ids and not (
+                self.draft_empty and set(c.kinds) == {self.t.draft_kind}):
             self.error(loc, f"component '{fx.name}' selects no layers{self.where(self.p)}",
                        "the served model has no layer of the kinds it names")
         shape = []
@@ -464,7 +483,8 @@ class Bound:
 
 def bind(t: Template, config: Mapping | None, engine: Mapping | None) -> Bound:
     """Bind `t` to a model's config (its config.json as a mapping) and the engine's settings
-    (`page_size`, `kv_dtype`, `ssm_dtype`); raises BindError naming every rule they break."""
+    (`page_size`, `kv_dtype`, `ssm_dtype`, `draft_layers`, `draft`, `hidden_dtype`: Note
+    [Draft components]); raises BindError naming every rule they break."""
     b = _Binder(t, config or {}, engine or {})
     layout, params, dtypes = b.run()
     digest = binding_digest(t.spec_sha256, params, dtypes)

@@ -481,7 +481,9 @@ class WireComponent:
             raise ValueError(f"component {self.name!r}: 1..256 tensors, got {len(self.tensors)}")
         if len(set(self.tensors)) != len(self.tensors):
             raise ValueError(f"component {self.name!r} names a tensor twice")
-        if not self.layer_ids or len(set(self.layer_ids)) != len(self.layer_ids) or not all(
+        # no layer ids: a draft component of an engine that does not speculate (Note [Draft
+        # components] in runtime/binding.py), which registers nothing
+        if len(set(self.layer_ids)) != len(self.layer_ids) or not all(
                 0 <= i <= _U32 for i in self.layer_ids):
             raise ValueError(f"component {self.name!r}: layer ids must be distinct u32s")
         object.__setattr__(self, "_tensor_index", {t: i for i, t in enumerate(self.tensors)})

@@ -78,6 +78,7 @@ from sglang.srt.disaggregation.utils import DisaggregationMode
 from .family import (
     RefusedModel,
     decode_instance,
+    draft_model,
     engine_pools,
     make_plan,
     parallel_layout_of,
@@ -185,8 +186,10 @@ class PdcKVManager(BaseKVManager):
         self.tp, self.dp, self.dp_group = par.attn_tp, par.attn_dp, par.attn_dp_rank
         self.rank = RankId(0, par.attn_tp_rank)
         self.page_size = int(args.page_size)
-        self.family = served_family(server_args.model_path, args, self.tp, self.rank.tp,
-                                    str(getattr(server_args, "dtype", "") or ""))
+        dtype = str(getattr(server_args, "dtype", "") or "")
+        # Note [SGLang draft state] in family.py: a speculating server's draft model
+        self.family = served_family(server_args.model_path, args, self.tp, self.rank.tp, dtype,
+                                    draft_model(server_args, server_args.model_path, dtype))
         self.engine_name = engine_name()
         kwargs = {"hostname": _host()} if self.engine_name == "mooncake" else {}
         # for the memory SGLang's buffers live in: host, or their GPU (Note [SGLang memory

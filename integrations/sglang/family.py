@@ -26,6 +26,22 @@ addresses only, so the backend asks the CUDA driver where each buffer lives
 runtime/pools.py): host memory on a CPU server, the GPU's when every buffer is on it. Buffers
 in both kinds are refused at start, naming one of each; views over device buffers are torch
 tensors on that GPU (`_tensor_over`).
+
+Note [SGLang draft state]: with `--speculative-algorithm EAGLE` (EAGLE3, NEXTN: an alias of
+EAGLE) SGLang's PD servers move the draft model's KV beside the target's: the draft's own pool
+registered after the target's in KVArgs (`num_draft_entries` of them,
+disaggregation/prefill.py `_init_kv_manager`), its layers numbered after the target's
+(disaggregation/utils.py `build_kv_layer_ids`), and the aux row's hidden state widens to the
+draft model's hidden size in its dtype (scheduler.py's MetadataBuffers,
+speculative/eagle_utils.py `get_draft_recurrent_hidden_state_spec_from_config`). The backend
+binds the spec's draft band to the draft model (Note [Draft components] in
+runtime/binding.py): `engine.draft_layers` is the draft's KV layer count as SGLang sizes its
+pool (`num_nextn_predict_layers` when positive, else `num_hidden_layers`;
+model_runner_components/layer_setup.py `_compute_model_num_layers`), `engine.draft` its
+config.json (`--speculative-draft-model-path`, the target's own for NEXTN), and
+`engine.hidden_dtype` the dtype SGLang runs it in. Page components whose layers are all draft
+layers take the draft buffers in spec order; a server that speculates against a spec without
+draft components, or the reverse, is refused naming both.
 """
 
 from __future__ import annotations
@@ -154,7 +170,63 @@ class Region:
     device: str = "cpu"  # "cuda:N" for a GPU's memory (Note [SGLang memory kinds])
 
 
-def buffers_of(kv_args, page_tensors=(("kv", "k"), ("kv", "v")), locate=address_device
+@dataclass(frozen=True)
+class DraftModel:
+    """The draft model a speculating SGLang server runs (Note [SGLang draft state])."""
+
+    algorithm: str
+    config: dict
+    layers: int  # KV layers of its pool
+    dtype: str  # the dtype SGLang runs it in: the hidden row's
+
+
+DRAFT_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
+
+
+def draft_model(server_args, model_path: str, server_dtype: str = "") -> DraftModel | None:
+    """The server's draft model, None when it does not speculate; other algorithms (their
+    PD state differs: no hidden row, or no draft pool) are refused by name."""
+    algo = str(getattr(server_args, "speculative_algorithm", None) or "").upper()
+    if algo in ("", "NONE"):
+        return None
+    if algo not in DRAFT_ALGORITHMS:
+        raise RefusedModel(f"pdc: --speculative-algorithm {algo}: pdc's SGLang backend carries "
+                           f"the draft state of {', '.join(DRAFT_ALGORITHMS)} only")
+    path = str(getattr(server_args, "speculative_draft_model_path", None) or model_path)
+    config = model_config(path)
+    mtp = config.get("num_nextn_predict_layers")
+    layers = mtp if isinstance(mtp, int) and mtp > 0 else config.get("num_hidden_layers")
+    if not isinstance(layers, int) or isinstance(layers, bool):
+        raise RefusedModel(f"pdc: the draft model's config ({path}) gives neither "
+                           "num_nextn_predict_layers nor num_hidden_layers")
+    return DraftModel(algo, config, layers, _run_dtype(config, server_dtype))
+
+
+def _run_dtype(config: dict, server_dtype: str) -> str:
+    """The dtype SGLang runs a model in: --dtype, else for auto the config's dtype with
+    float32 checkpoints run in float16 (bfloat16 for Gemma; configs/model_config.py
+    `_get_and_verify_dtype`)."""
+    aliases = {"float": "float32", "half": "float16"}
+    if server_dtype not in ("", "auto"):
+        return aliases.get(server_dtype, server_dtype)
+    dtype = str(config.get("dtype") or config.get("torch_dtype") or "float32")
+    dtype = aliases.get(dtype.removeprefix("torch."), dtype.removeprefix("torch."))
+    if dtype == "float32":
+        return "bfloat16" if str(config.get("model_type", "")).startswith("gemma") \
+            else "float16"
+    return dtype
+
+
+def draft_page_components(layout: FamilyLayout) -> tuple[str, ...]:
+    """The page components that hold draft layers only (Note [Draft components]: the only
+    ones that may hold no layers, when the band is empty), in spec order."""
+    draft = set(layout.draft_ids)
+    return tuple(c.name for c in layout.components
+                 if c.index == "page" and set(c.layer_ids) <= draft)
+
+
+def buffers_of(kv_args, page_tensors=(("kv", "k"), ("kv", "v")), layout=None,
+               locate=address_device
                ) -> dict[tuple[str, str, int], Region]:
     """SGLang's KV buffers as (component, tensor, layer id) -> region.
 
@@ -165,13 +237,19 @@ def buffers_of(kv_args, page_tensors=(("kv", "k"), ("kv", "v")), locate=address_
     layer of each entry where the pool reports them (a hybrid model's attention layers)."""
     out: dict[tuple[str, str, int], Region] = {}
     ptrs, lens, items = kv_args.kv_data_ptrs, kv_args.kv_data_lens, kv_args.kv_item_lens
+    ptrs, lens, items = list(ptrs), list(lens), list(items)
     draft = int(getattr(kv_args, "num_draft_entries", 0) or 0)
-    if draft:
-        # speculative decoding: the draft model's KV follows the target's (prefill.py
-        # `_init_kv_manager`), and the aux row's hidden state widens to the draft's
+    layer_ids = list(getattr(kv_args, "kv_layer_ids", None) or [])
+    if layout is not None:  # Note [SGLang draft state]: the draft's buffers come last
+        names = draft_page_components(layout)
+        page_tensors = tuple(t for t in page_tensors if t[0] not in names)
+        out.update(_draft_buffers(kv_args, layout, names, draft, layer_ids, locate))
+        if draft:
+            ptrs, lens, items = ptrs[:-draft], lens[:-draft], items[:-draft]
+            layer_ids = layer_ids[:-draft] if len(layer_ids) == len(ptrs) + draft else []
+    elif draft:
         raise RefusedModel(f"pdc: SGLang registered {draft} draft-model KV buffers after the "
-                           "target's (speculative decoding); pdc's SGLang specs carry no draft "
-                           "KV or draft hidden state yet: serve without --speculative-algorithm")
+                           "target's (speculative decoding), and no spec was given for them")
     if not page_tensors:
         if ptrs:
             raise RefusedModel(f"pdc: SGLang registered {len(ptrs)} KV buffers; the spec "
@@ -182,7 +260,6 @@ def buffers_of(kv_args, page_tensors=(("kv", "k"), ("kv", "v")), locate=address_
         raise RefusedModel(f"pdc: SGLang registered {len(ptrs)} KV buffers, not a whole "
                            f"number of layers of the spec's page tensors ({names})")
     per_tensor = len(ptrs) // len(page_tensors)
-    layer_ids = list(getattr(kv_args, "kv_layer_ids", None) or [])
     if len(layer_ids) != len(ptrs):
         start = int(getattr(kv_args, "prefill_start_layer", 0) or 0)
         layer_ids = [start + i for i in range(per_tensor)] * len(page_tensors)
@@ -193,6 +270,60 @@ def buffers_of(kv_args, page_tensors=(("kv", "k"), ("kv", "v")), locate=address_
         out[(comp, tensor, layer)] = Region(int(ptr), int(nbytes), int(item),
                                             f"SGLang's {what} buffer of layer {layer}",
                                             locate(int(ptr)))
+    return out
+
+
+def _draft_buffers(kv_args, layout: FamilyLayout, names: tuple[str, ...], draft: int,
+                   layer_ids: list, locate=address_device) -> dict[tuple[str, str, int], Region]:
+    """The draft model's KV buffers (the last `draft` of KVArgs) as the spec's draft
+    components' (component, tensor, layer id), tensor-major like the target's (Note [SGLang
+    KV buffers]); a spec and a server that disagree on speculating are refused."""
+    comps = [layout.component(n) for n in names]
+    tensors = [(c.name, t) for c in comps for t in (c.tensors if len(c.tensors) > 1
+                                                     else ("data",))]
+    ids = layout.draft_ids
+    where = ", ".join(f"{c.name} ({c.loc})" for c in comps)
+    if draft and not ids:
+        if comps:
+            what = f"was bound to no draft layers: its draft components {where} hold none"
+            hint = ("the band's count is engine.draft_layers, which pdc takes from the "
+                    "server's --speculative-algorithm and draft model")
+        else:
+            what = f"declares no draft components ({layout.spec_path})"
+            hint = ("give the spec a draft band (`layers: draft: {kind: K, count: {from: "
+                    "engine.draft_layers, ...}}`) and page components of kind K (Note [Draft "
+                    "components]), or serve without --speculative-algorithm")
+        raise RefusedModel(
+            f"pdc: SGLang registered {draft} draft-model KV buffers after the target's (the "
+            f"server speculates), but {layout.family} {what}; hint: {hint}")
+    if not draft and ids:
+        raise RefusedModel(
+            f"pdc: {layout.family}'s draft components {where} hold {len(ids)} draft layers, "
+            "but SGLang registered no draft-model KV buffers (the server does not "
+            "speculate); hint: start it with the --speculative-algorithm the spec describes, "
+            "or bind the band's count to engine.draft_layers")
+    if not draft:
+        return {}
+    names_t = ", ".join(f"{c}.{t}" for c, t in tensors)
+    if draft != len(tensors) * len(ids):
+        raise RefusedModel(
+            f"pdc: SGLang registered {draft} draft-model KV buffers, {layout.family}'s draft "
+            f"components {where} take {len(tensors) * len(ids)} ({names_t} of {len(ids)} draft "
+            "layers); hint: the band's count is engine.draft_layers, the draft pool's layer "
+            "count: check the draft model's config.json (num_nextn_predict_layers, else "
+            "num_hidden_layers)")
+    start = len(kv_args.kv_data_ptrs) - draft
+    out = {}
+    for i in range(draft):
+        comp, tensor = tensors[i // len(ids)]
+        layer = ids[i % len(ids)]
+        j = start + i
+        given = int(layer_ids[j]) if len(layer_ids) == len(kv_args.kv_data_ptrs) else layer
+        what = tensor.upper() if tensor in ("k", "v") else comp
+        out[(comp, tensor, given)] = Region(
+            int(kv_args.kv_data_ptrs[j]), int(kv_args.kv_data_lens[j]),
+            int(kv_args.kv_item_lens[j]), f"SGLang's draft-model {what} buffer of layer {given}",
+            locate(int(kv_args.kv_data_ptrs[j])))
     return out
 
 
@@ -294,7 +425,7 @@ def engine_pools(layout: FamilyLayout, plan: Plan, side: str, rank: RankId,
     """SGLang's own KV and aux buffers of this rank, in place, checked against the plan
     (Note [Engine-owned memory] in pdc.runtime.pools) and, when known, the KV dtype."""
     reg = plan.registration(side, rank)
-    kv = buffers_of(kv_args, _tensors_of(layout, "page"))
+    kv = buffers_of(kv_args, _tensors_of(layout, "page"), layout)
     kv.update(state_buffers_of(kv_args, tuple(c for c, _ in _tensors_of(layout, "slot"))))
     aux = aux_buffers_of(kv_args)
     if kv_dtype is None:
@@ -329,7 +460,7 @@ def engine_pools(layout: FamilyLayout, plan: Plan, side: str, rank: RankId,
 def served_device(layout: FamilyLayout, kv_args, locate=address_device) -> str:
     """The device of every buffer SGLang registers on this rank, "" for host memory (Note
     [SGLang memory kinds]); buffers in two kinds of memory or on two GPUs are refused."""
-    regions = [*buffers_of(kv_args, _tensors_of(layout, "page"), locate).values(),
+    regions = [*buffers_of(kv_args, _tensors_of(layout, "page"), layout, locate).values(),
                *state_buffers_of(kv_args, tuple(c for c, _ in _tensors_of(layout, "slot")),
                                  locate).values(),
                *aux_buffers_of(kv_args, locate).values()]
@@ -359,9 +490,9 @@ def _single_field(component: str) -> str:
 
 
 def served_family(model_path: str, kv_args, tp: int, tp_rank: int,
-                  server_dtype: str = "") -> ServedFamily:
+                  server_dtype: str = "", draft: DraftModel | None = None) -> ServedFamily:
     """Note [Served family]: checked on this rank's own shard (tp, tp_rank); `server_dtype`
-    is the server's `--dtype`."""
+    is the server's `--dtype`, `draft` its draft model (Note [SGLang draft state])."""
     kv_dtype = served_kv_dtype(kv_args, server_dtype)
     config = model_config(model_path)
     arch = architecture(model_path, config)
@@ -371,7 +502,12 @@ def served_family(model_path: str, kv_args, tp: int, tp_rank: int,
         raise RefusedModel(f"pdc: the served model ({model_path}): {e}") from None
     page_size = int(kv_args.page_size)
     try:
-        family = family.bind(config, {"page_size": page_size, "kv_dtype": kv_dtype})
+        engine = {"page_size": page_size, "kv_dtype": kv_dtype, "draft_layers": 0,
+                  "hidden_dtype": "float32"}  # SGLang's 16-value padding row
+        if draft is not None:
+            engine.update(draft_layers=draft.layers, draft=draft.config,
+                          hidden_dtype=draft.dtype)
+        family = family.bind(config, engine)
     except BindError as e:
         raise RefusedModel(f"pdc: the served model ({model_path}) breaks "
                            f"{family.layout.spec_path}:\n{e}") from None

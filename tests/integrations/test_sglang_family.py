@@ -92,7 +92,7 @@ def test_a_config_that_breaks_a_constraint_is_refused_naming_key_value_and_line(
         F.served_family(path, _kv_args(heads=4), 1, 0)
     assert str(e.value).splitlines()[:2] == [
         f"pdc: the served model ({path}) breaks specs/sglang-llama.yaml:",
-        "specs/sglang-llama.yaml:104:5: error: constraint 'heads % kv_heads == 0' does not "
+        "specs/sglang-llama.yaml:128:5: error: constraint 'heads % kv_heads == 0' does not "
         "hold (with config.num_attention_heads = 6, config.num_key_value_heads = 4): every "
         "KV head serves a whole group of query heads (GQA)"]
 
@@ -103,7 +103,7 @@ def test_a_qwen3_with_llama_sized_heads_is_refused_with_the_difference(model_dir
         F.served_family(path, _kv_args(head_dim=16), 1, 0)
     assert str(e.value).splitlines()[0] == (
         f"pdc: Qwen3ForCausalLM ({path}) does not fit its spec: sglang-llama does not fit "
-        "the served model's buffers: specs/sglang-llama.yaml:38:3: error: SGLang's K buffer "
+        "the served model's buffers: specs/sglang-llama.yaml:55:3: error: SGLang's K buffer "
         "of layer 0 holds items of [512] bfloat16 = 1024 B; the spec's component 'kv' "
         "expects items of [16, 2, 32] bfloat16 = 2048 B on a rank of TP 1")
 
@@ -138,7 +138,7 @@ def test_a_llama_whose_buffers_are_not_its_config_is_refused_with_the_difference
         F.served_family(path, _kv_args(head_dim=32), 1, 0, "bfloat16")
     assert str(e.value).splitlines()[0] == (
         f"pdc: LlamaForCausalLM ({path}) does not fit its spec: sglang-llama does not fit "
-        "the served model's buffers: specs/sglang-llama.yaml:38:3: error: SGLang's K buffer "
+        "the served model's buffers: specs/sglang-llama.yaml:55:3: error: SGLang's K buffer "
         "of layer 0 holds items of [1024] bfloat16 = 2048 B; the spec's component 'kv' "
         "expects items of [16, 2, 16] bfloat16 = 1024 B on a rank of TP 1")
 
@@ -367,16 +367,140 @@ def test_every_sglang_family_plans_between_dp_attention_groups(spec, prefill_dp,
     assert [lk.prefill for lk in plan.links_to(RankId(0, 0))] == [RankId(0, 0)]
 
 
-def test_a_draft_models_kv_is_refused_naming_speculative_decoding(model_dir):
-    args = _kv_args()
-    args.num_draft_entries = 2  # an EAGLE draft layer's K and V after the target's
+EAGLE = {"architectures": ["LlamaForCausalLMEagle"], "num_hidden_layers": 1,
+         "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "torch_dtype": "bfloat16"}
+
+
+def _with_draft(args, layers=1, item=16 * 2 * 16 * 2, hidden_bytes=128):
+    """KVArgs of a speculating server: the draft pool's K then V buffers after the target's
+    (Note [SGLang draft state]) and the hidden row widened (64 bfloat16 values)."""
+    keep = args.keep
+
+    def buf(nbytes):
+        a = np.zeros(nbytes, np.uint8)
+        keep.append(a)
+        return a.ctypes.data
+
+    extra = [buf(item * PAGES) for _ in range(2 * layers)]
+    args.kv_data_ptrs = list(args.kv_data_ptrs) + extra
+    args.kv_data_lens = list(args.kv_data_lens) + [item * PAGES] * len(extra)
+    args.kv_item_lens = list(args.kv_item_lens) + [item] * len(extra)
+    args.kv_layer_ids = []  # an MHA pool reports none (disaggregation/utils.py)
+    args.num_draft_entries = len(extra)
+    i = F.AUX_FIELDS.index("output_hidden_states")
+    args.aux_data_ptrs[i], args.aux_data_lens[i] = buf(hidden_bytes * 4), hidden_bytes * 4
+    args.aux_item_lens[i] = hidden_bytes
+    return args
+
+
+def _eagle(tmp_path, **config):
+    draft = tmp_path / "eagle"
+    draft.mkdir(exist_ok=True)
+    (draft / "config.json").write_text(json.dumps({**EAGLE, **config}))
+    args = SimpleNamespace(speculative_algorithm="EAGLE",
+                           speculative_draft_model_path=str(draft))
+    return F.draft_model(args, "unused", "auto")
+
+
+def test_a_speculating_llama_binds_its_eagle_draft_kv_and_hidden_row(model_dir, tmp_path):
+    draft = _eagle(tmp_path)
+    assert draft == F.DraftModel("EAGLE", EAGLE, 1, "bfloat16")
+    fam = F.served_family(model_dir("LlamaForCausalLM"), _with_draft(_kv_args()), 1, 0,
+                          "auto", draft)
+    layout = fam.layout
+    assert layout.draft_ids == (2,)
+    assert (layout.component("draft_kv").layer_ids, layout.component("draft_kv").shape) == \
+        ((2,), (16, 2, 16))
+    aux = layout.component("aux_hidden")
+    assert (aux.shape, aux.dtype) == ((64,), "bfloat16")
+    plan = F.make_plan(fam.family, F.side(1, 1, 1, 16), F.side(1, 1, 1, 16), "mooncake")
+    args = _with_draft(_kv_args())
+    pools = F.engine_pools(layout, plan, "prefill", RankId(0, 0), args, "bfloat16")
+    assert [(b.tensor, b.layer_id, b.offset) for b in pools.buffers["draft_kv"]] == \
+        [("k", 2, args.kv_data_ptrs[4]), ("v", 2, args.kv_data_ptrs[5])]
+
+
+def test_a_server_that_does_not_speculate_binds_an_empty_band(model_dir):
+    layout = F.served_family(model_dir("LlamaForCausalLM"), _kv_args(), 1, 0).layout
+    assert (layout.draft_ids, layout.component("draft_kv").layer_ids) == ((), ())
+    assert (layout.component("aux_hidden").shape, layout.component("aux_hidden").dtype) == \
+        ((16,), "float32")
+
+
+def test_a_speculating_server_is_refused_by_a_spec_without_draft_components(model_dir):
+    args = _with_draft(_seed_kv_args("qwen3-next"), item=16 * 2 * 32 * 2)
+    path = model_dir("Qwen3NextForCausalLM", **QWEN3_NEXT)
     with pytest.raises(F.RefusedModel) as e:
-        F.served_family(model_dir("LlamaForCausalLM"), args, 1, 0)
+        F.served_family(path, args, 1, 0, "bfloat16")
     assert str(e.value) == (
-        "pdc: LlamaForCausalLM ({}) does not fit its spec: SGLang registered 2 draft-model KV "
-        "buffers after the target's (speculative decoding); pdc's SGLang specs carry no draft "
-        "KV or draft hidden state yet: serve without --speculative-algorithm".format(
-            model_dir("LlamaForCausalLM")))
+        f"pdc: Qwen3NextForCausalLM ({path}) does not fit its spec: SGLang registered 2 "
+        "draft-model KV buffers after the target's (the server speculates), but "
+        "sglang-qwen3-next declares no draft components (specs/sglang-qwen3-next.yaml); "
+        "hint: give the spec a draft band (`layers: draft: {kind: K, count: {from: "
+        "engine.draft_layers, ...}}`) and page components of kind K (Note [Draft "
+        "components]), or serve without --speculative-algorithm")
+
+
+def test_a_draft_the_server_does_not_register_is_refused(model_dir, tmp_path):
+    path = model_dir("LlamaForCausalLM")
+    with pytest.raises(F.RefusedModel) as e:  # the spec bound to a draft, no draft buffers
+        F.served_family(path, _kv_args(hidden_bytes=128), 1, 0, "auto", _eagle(tmp_path))
+    assert str(e.value) == (
+        f"pdc: LlamaForCausalLM ({path}) does not fit its spec: sglang-llama's draft "
+        "components draft_kv (specs/sglang-llama.yaml:62:3) hold 1 draft layers, but SGLang "
+        "registered no draft-model KV buffers (the server does not speculate); hint: start "
+        "it with the --speculative-algorithm the spec describes, or bind the band's count to "
+        "engine.draft_layers")
+    with pytest.raises(F.RefusedModel) as e:  # SGLang's draft buffers, the band bound to 0
+        F.served_family(path, _with_draft(_kv_args()), 1, 0)
+    assert str(e.value) == (
+        f"pdc: LlamaForCausalLM ({path}) does not fit its spec: SGLang registered 2 "
+        "draft-model KV buffers after the target's (the server speculates), but sglang-llama "
+        "was bound to no draft layers: its draft components draft_kv "
+        "(specs/sglang-llama.yaml:62:3) hold none; hint: the band's count is "
+        "engine.draft_layers, which pdc takes from the server's --speculative-algorithm and "
+        "draft model")
+
+
+def test_a_wrong_draft_layer_count_is_refused_naming_both(model_dir, tmp_path):
+    path = model_dir("LlamaForCausalLM")
+    with pytest.raises(F.RefusedModel) as e:
+        F.served_family(path, _with_draft(_kv_args()), 1, 0, "auto",
+                        _eagle(tmp_path, num_hidden_layers=2))
+    assert str(e.value) == (
+        f"pdc: LlamaForCausalLM ({path}) does not fit its spec: SGLang registered 2 "
+        "draft-model KV buffers, sglang-llama's draft components draft_kv "
+        "(specs/sglang-llama.yaml:62:3) take 4 (draft_kv.k, draft_kv.v of 2 draft layers); "
+        "hint: the band's count is engine.draft_layers, the draft pool's layer count: check "
+        "the draft model's config.json (num_nextn_predict_layers, else num_hidden_layers)")
+
+
+def test_the_draft_model_follows_sglangs_rules(tmp_path):
+    target = tmp_path / "v3"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps(
+        {**MLA, "num_nextn_predict_layers": 1, "torch_dtype": "float32"}))
+    nextn = SimpleNamespace(speculative_algorithm="NEXTN", speculative_draft_model_path=None)
+    draft = F.draft_model(nextn, str(target), "auto")
+    assert (draft.layers, draft.dtype) == (1, "float16")  # MTP layers; float32 runs in fp16
+    assert F.draft_model(nextn, str(target), "float").dtype == "float32"
+    assert F.draft_model(SimpleNamespace(speculative_algorithm=None), str(target)) is None
+    with pytest.raises(F.RefusedModel) as e:
+        F.draft_model(SimpleNamespace(speculative_algorithm="ngram"), str(target))
+    assert str(e.value) == ("pdc: --speculative-algorithm NGRAM: pdc's SGLang backend carries "
+                            "the draft state of EAGLE, EAGLE3, NEXTN only")
+
+
+def test_a_speculating_mla_binds_its_mtp_latent(model_dir, tmp_path):
+    path = model_dir("DeepseekV3ForCausalLM", **MLA, num_nextn_predict_layers=1)
+    draft = F.draft_model(SimpleNamespace(speculative_algorithm="EAGLE"), path, "bfloat16")
+    args = _with_draft(_seed_kv_args("deepseek-mla"), layers=1, item=16 * 48 * 2)
+    args.num_draft_entries = 1  # one latent buffer per MTP layer
+    args.kv_data_ptrs, args.kv_data_lens, args.kv_item_lens = (
+        x[:-1] for x in (args.kv_data_ptrs, args.kv_data_lens, args.kv_item_lens))
+    layout = F.served_family(path, args, 1, 0, "bfloat16", draft).layout
+    assert (layout.draft_ids, layout.component("draft_latent").shape) == ((2,), (16, 1, 48))
 
 
 def test_mla_at_prefill_tp2_leaves_one_prefill_rank_without_a_link(model_dir):
