@@ -77,6 +77,31 @@ def test_every_size_binds_to_the_layout_the_compiler_computes(py_name):
     assert len(layouts) == len(configs)
 
 
+EAGLE_DRAFT = {"hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 1}
+
+
+@pytest.mark.parametrize("py_name, draft, comp", [
+    ("sglang_llama", EAGLE_DRAFT, "draft_kv"),
+    ("sglang_deepseek_mla", {"hidden_size": 64, "kv_lora_rank": 32, "qk_rope_head_dim": 8},
+     "draft_latent")])
+@pytest.mark.parametrize("layers", [0, 1, 2])
+def test_a_draft_band_binds_to_the_layout_the_compiler_computes(py_name, draft, comp, layers):
+    # Note [Draft components]: the engine's draft model; 0 layers when it does not speculate
+    family = Family.load(py_name)
+    config = LLAMA[0] if py_name == "sglang_llama" else DEEPSEEK[0]
+    engine = {"page_size": 16, "kv_dtype": "bfloat16", "draft_layers": layers,
+              "hidden_dtype": "bfloat16" if layers else "float32",
+              **({"draft": draft} if layers else {})}
+    bound = family.bind(config, engine)
+    assert dataclasses.replace(bound.layout, bound="") == _compiled(family, bound.bound)
+    n = config["num_hidden_layers"]
+    assert bound.layout.draft_ids == bound.layout.component(comp).layer_ids == \
+        tuple(range(n, n + layers))
+    hidden = bound.layout.component("aux_hidden")
+    assert (hidden.shape, hidden.dtype) == (((draft["hidden_size"],), "bfloat16") if layers
+                                            else ((16,), "float32"))
+
+
 def test_llama_sizes_follow_the_config():
     family = Family.load("vllm_llama")
     big = family.bind(LLAMA[1], {"page_size": 16, "kv_dtype": "float16"})
