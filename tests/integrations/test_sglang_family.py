@@ -92,7 +92,7 @@ def test_a_config_that_breaks_a_constraint_is_refused_naming_key_value_and_line(
         F.served_family(path, _kv_args(heads=4), 1, 0)
     assert str(e.value).splitlines()[:2] == [
         f"pdc: the served model ({path}) breaks specs/sglang-llama.yaml:",
-        "specs/sglang-llama.yaml:128:5: error: constraint 'heads % kv_heads == 0' does not "
+        "specs/sglang-llama.yaml:129:5: error: constraint 'heads % kv_heads == 0' does not "
         "hold (with config.num_attention_heads = 6, config.num_key_value_heads = 4): every "
         "KV head serves a whole group of query heads (GQA)"]
 
@@ -103,7 +103,7 @@ def test_a_qwen3_with_llama_sized_heads_is_refused_with_the_difference(model_dir
         F.served_family(path, _kv_args(head_dim=16), 1, 0)
     assert str(e.value).splitlines()[0] == (
         f"pdc: Qwen3ForCausalLM ({path}) does not fit its spec: sglang-llama does not fit "
-        "the served model's buffers: specs/sglang-llama.yaml:55:3: error: SGLang's K buffer "
+        "the served model's buffers: specs/sglang-llama.yaml:56:3: error: SGLang's K buffer "
         "of layer 0 holds items of [512] bfloat16 = 1024 B; the spec's component 'kv' "
         "expects items of [16, 2, 32] bfloat16 = 2048 B on a rank of TP 1")
 
@@ -138,7 +138,7 @@ def test_a_llama_whose_buffers_are_not_its_config_is_refused_with_the_difference
         F.served_family(path, _kv_args(head_dim=32), 1, 0, "bfloat16")
     assert str(e.value).splitlines()[0] == (
         f"pdc: LlamaForCausalLM ({path}) does not fit its spec: sglang-llama does not fit "
-        "the served model's buffers: specs/sglang-llama.yaml:55:3: error: SGLang's K buffer "
+        "the served model's buffers: specs/sglang-llama.yaml:56:3: error: SGLang's K buffer "
         "of layer 0 holds items of [1024] bfloat16 = 2048 B; the spec's component 'kv' "
         "expects items of [16, 2, 16] bfloat16 = 1024 B on a rank of TP 1")
 
@@ -448,7 +448,7 @@ def test_a_draft_the_server_does_not_register_is_refused(model_dir, tmp_path):
         F.served_family(path, _kv_args(hidden_bytes=128), 1, 0, "auto", _eagle(tmp_path))
     assert str(e.value) == (
         f"pdc: LlamaForCausalLM ({path}) does not fit its spec: sglang-llama's draft "
-        "components draft_kv (specs/sglang-llama.yaml:62:3) hold 1 draft layers, but SGLang "
+        "components draft_kv (specs/sglang-llama.yaml:63:3) hold 1 draft layers, but SGLang "
         "registered no draft-model KV buffers (the server does not speculate); hint: start "
         "it with the --speculative-algorithm the spec describes, or bind the band's count to "
         "engine.draft_layers")
@@ -458,7 +458,7 @@ def test_a_draft_the_server_does_not_register_is_refused(model_dir, tmp_path):
         f"pdc: LlamaForCausalLM ({path}) does not fit its spec: SGLang registered 2 "
         "draft-model KV buffers after the target's (the server speculates), but sglang-llama "
         "was bound to no draft layers: its draft components draft_kv "
-        "(specs/sglang-llama.yaml:62:3) hold none; hint: the band's count is "
+        "(specs/sglang-llama.yaml:63:3) hold none; hint: the band's count is "
         "engine.draft_layers, which pdc takes from the server's --speculative-algorithm and "
         "draft model")
 
@@ -471,7 +471,7 @@ def test_a_wrong_draft_layer_count_is_refused_naming_both(model_dir, tmp_path):
     assert str(e.value) == (
         f"pdc: LlamaForCausalLM ({path}) does not fit its spec: SGLang registered 2 "
         "draft-model KV buffers, sglang-llama's draft components draft_kv "
-        "(specs/sglang-llama.yaml:62:3) take 4 (draft_kv.k, draft_kv.v of 2 draft layers); "
+        "(specs/sglang-llama.yaml:63:3) take 4 (draft_kv.k, draft_kv.v of 2 draft layers); "
         "hint: the band's count is engine.draft_layers, the draft pool's layer count: check "
         "the draft model's config.json (num_nextn_predict_layers, else num_hidden_layers)")
 

@@ -268,7 +268,7 @@ def test_a_wrong_draft_layer_count_is_refused_naming_spec_and_sglang(pair, tmp_p
         Scheduler(DisaggregationMode.PREFILL, pair.family, pair.model, pair.draft, pair.port,
                   draft_layers=2)
     fam, comp, line, tensors, n = {
-        "llama": ("sglang-llama", "draft_kv", 62, "draft_kv.k, draft_kv.v", 4),
+        "llama": ("sglang-llama", "draft_kv", 63, "draft_kv.k, draft_kv.v", 4),
         "deepseek-mla": ("sglang-deepseek-mla", "draft_latent", 57, "draft_latent.data", 2),
     }[pair.family]
     arch = "LlamaForCausalLM" if pair.family == "llama" else "DeepseekV3ForCausalLM"
