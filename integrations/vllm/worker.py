@@ -60,6 +60,7 @@ from .stats import PdcConnectorStats
 
 LOG = logging.getLogger("pdc.vllm")
 _TERMINAL = (KVPoll.Success, KVPoll.Failed)
+DECODE_GAVE_UP = "aborted by decode"  # a prefill sender's reason when decode sent Abort
 
 # What each finished request moved, by vLLM request id, for a driver that runs the engine in
 # its own process (pdc.serving.vllm_engine reports it with the request's output). Bounded.
@@ -337,6 +338,10 @@ class PdcWorker:
                       descriptors=st.descriptors, reason=sender.reason)
                 if state == KVPoll.Success:
                     self.stats.record(st.bytes, st.descriptors, st.batches, st.t_init, st.t_done)
+                elif sender.reason == DECODE_GAVE_UP:
+                    # decode's client went away, or its prefix cache held every token (Note
+                    # [Hybrid prefix caching]): not a failed transfer
+                    LOG.info("pdc: request %s: decode cancelled its load", req_id)
                 elif req_id not in self.aborting:
                     LOG.warning("pdc: request %s: transfer failed: %s", req_id, sender.reason)
                     self.stats.failed()
