@@ -37,8 +37,8 @@ lives in block (n - 1) // state_tokens (`CacheGroups.slot_of`); a prefix hit of 
 ends on a state block (H a multiple of it), whose state is the one after H tokens. So:
 - prefill computes the first N - 1 tokens (Note [Hybrid last token]), from its own prefix
   hit or not, and sends the state after N - 1 tokens from block (N - 2) // state_tokens;
-  dropping the token also drops the request's block hashes past N - 1 tokens (rehashed), or
-  prefill would cache a last full block whose last token it never computed;
+  dropping the token also rehashes the request, so that its block hashes describe the
+  tokens prefill computes (a hash over the dropped token names a block prefill never fills);
 - decode with a prefix hit of H tokens loads the pages past H (Note [Prefix skip]) and the
   state after N - 1 tokens into its own block (N - 2) // state_tokens, a fresh block: the
   hit's state block is read by no one and stays cached;

@@ -13,11 +13,13 @@ cache) by logprobs within TOL nats (Note [Logprob tolerance] in pdc/serving/drif
 tolerance tests/vllm/test_vllm_hybrid_tp.py establishes for this model). The negative control
 hands decode another prompt's transfer: the same 320-token prefix, which decode takes from its
 own cache, but the third page and the states prefill computed for a different tail; the
-digests match (the bytes moved as planned), the tokens fail the judge.
+digests match (the bytes moved as planned), the tokens fail the judge. `PDC_SLOW=1` adds the
+same prompts from a TP-2 prefill engine to a TP-1 decode engine.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import subprocess
 
@@ -94,15 +96,22 @@ def ref(model, tmp_path_factory):
     return tokens, [replies[i]["logprobs"] for i in range(len(PROMPTS))]
 
 
+def engines(model: str, work, prefill_tp: int = 1) -> tuple[Engine, Engine]:
+    """A prefill engine at `prefill_tp` (TP 2 on both cores) and a decode engine at TP 1,
+    both with prefix caching."""
+    extra = {"knobs": {"checksum": 1}}
+    pre = Engine(vllm_python(), work, "prefill", model, FAMILY, "mooncake",
+                 core="0|1" if prefill_tp == 2 else 0, tp=prefill_tp,
+                 extra={"peer_tp": 1, **extra}, prefix_caching="on")
+    dec = Engine(vllm_python(), work, "decode", model, FAMILY, "mooncake", core=1,
+                 extra=extra, prefix_caching="on")
+    return pre, dec
+
+
 @pytest.fixture(scope="module")
 def pair(model, tmp_path_factory):
     """A prefill and a decode engine, both with prefix caching, kept for the module."""
-    work = tmp_path_factory.mktemp("pd")
-    extra = {"knobs": {"checksum": 1}}
-    pre = Engine(vllm_python(), work, "prefill", model, FAMILY, "mooncake", core=0,
-                 extra=extra, prefix_caching="on")
-    dec = Engine(vllm_python(), work, "decode", model, FAMILY, "mooncake", core=1,
-                 extra=extra, prefix_caching="on")
+    pre, dec = engines(model, tmp_path_factory.mktemp("pd"))
     try:
         pre.wait_up(600)
         dec.wait_up(600)
@@ -117,29 +126,35 @@ def assert_nothing_left(pre: Engine, dec: Engine) -> None:
         assert f["requests"] == 0 and f["held"] == [] and f["free"] == f["total"] - 1, f
 
 
-def test_prefix_hits_on_both_sides_match_one_engine(pair, ref):
-    pre, dec = pair
+def through_pd(pre: Engine, dec: Engine, ref, prefill_notes: bool = True) -> None:
+    """PROMPTS one after another: each within TOL of the reference, with the hits of HITS,
+    the bytes past decode's hit, and nothing left on either engine. `prefill_notes`: also
+    check what prefill's worker noted (a TP-1 engine's worker runs in the engine's process,
+    a TP-2 engine's do not)."""
     replies: dict = {}
     tokens, transfers, _, errors, _ = run_pd(pre, dec, PROMPTS, TOKENS, concurrency=1,
                                              logprobs=TOP_K, replies=replies)
     assert errors == [""] * len(PROMPTS), errors
     hits = [(replies["prefill", i]["kv_transfer_params"].get("remote_prefill_cached_tokens"),
              t["prefix_tokens"]) for i, t in enumerate(transfers)]
-    print("prefill, decode hits:", hits)
-    print("transfers:", transfers)
     got = [compare(r, rt, g, replies["decode", i]["logprobs"], TOL)
            for i, (r, rt, g) in enumerate(zip(ref[0], ref[1], tokens, strict=True))]
+    print("prefill, decode hits:", hits)
     print("verdicts:", got)
     assert all(v.ok for v in got), got
     assert hits == HITS
     for i, (p, t, (_, hit)) in enumerate(zip(PROMPTS, transfers, HITS, strict=True)):
         assert t["ok"] and t["bytes"] == (0 if i == WHOLE else moved(len(p), hit)), t
     assert transfers[WHOLE].get("cached") and len(PROMPTS[WHOLE]) - 1 == HITS[WHOLE][1]
-    # prefill freed the prompt decode did not load when decode cancelled it
-    sent = pre.call({"op": "transfers"})  # by vLLM's request id: "p2-<suffix>"
-    (cancelled,) = [t for rid, t in sent.items() if rid.split("-")[0] == f"p{WHOLE}"]
-    assert cancelled["reason"] == "aborted by decode" and cancelled["bytes"] == 0, sent
+    if prefill_notes:  # prefill freed the prompt decode did not load when decode cancelled it
+        sent = pre.call({"op": "transfers"})  # by vLLM's request id: "p2-<suffix>"
+        (cancelled,) = [t for rid, t in sent.items() if rid.split("-")[0] == f"p{WHOLE}"]
+        assert cancelled["reason"] == "aborted by decode" and cancelled["bytes"] == 0, sent
     assert_nothing_left(pre, dec)
+
+
+def test_prefix_hits_on_both_sides_match_one_engine(pair, ref):
+    through_pd(*pair, ref)
 
 
 def test_another_prompts_page_and_state_fail_the_check(pair, ref):
@@ -155,3 +170,17 @@ def test_another_prompts_page_and_state_fail_the_check(pair, ref):
     print("negative control:", verdict)
     assert not verdict.ok, verdict
     assert_nothing_left(pre, dec)
+
+
+@pytest.mark.skipif(os.environ.get("PDC_SLOW") != "1",
+                    reason="slow (a TP-2 prefill engine): PDC_SLOW=1 pytest "
+                           "tests/vllm/test_vllm_hybrid_prefix.py")
+def test_prefill_tp2_to_decode_tp1_with_prefix_hits_matches_one_engine(model, ref, tmp_path):
+    pre, dec = engines(model, tmp_path, prefill_tp=2)
+    try:
+        pre.wait_up(600)
+        dec.wait_up(600)
+        through_pd(pre, dec, ref, prefill_notes=False)
+    finally:
+        pre.stop()
+        dec.stop()
