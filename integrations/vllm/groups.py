@@ -8,7 +8,10 @@ many layers as the attention group has, so a model with one state layer per atte
 gets one state group, and a model with 3 GDN layers per attention layer (Qwen3-Next) gets 3:
 group g holds GDN layers g, g + 4, ... Each state group gives a request one block, the slot
 of its layers' slot components: with one state group that is the request's one slot, with
-several each layer names its group's block (Note [Layer slots] in runtime/indices.py).
+several each layer names its group's block (Note [Layer slots] in runtime/indices.py). With
+prefix caching (mamba_cache_mode "align") a state group gives a request a block per page of
+tokens, and the slot is the block the request's tokens end in (Note [Hybrid prefix caching]
+in scheduler.py).
 Layouts pdc does not describe are refused at engine start, naming what to change.
 
 Note [Hybrid block size]: vLLM raises the attention block of a hybrid model until one
@@ -33,6 +36,14 @@ def _tokens(spec) -> int:
     return int(getattr(spec, "block_size", 0) or 0)
 
 
+def _match_unit(kv_cache_config, vllm_config) -> int:
+    """The tokens a prefix-cache hit is a multiple of, as vLLM resolves them for this cache
+    (`prefix_match_unit`, else the groups' common block size)."""
+    from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
+
+    return resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)[1]
+
+
 @dataclass(frozen=True)
 class CacheGroups:
     page: int = 0  # the group whose blocks are the page component's items
@@ -43,6 +54,10 @@ class CacheGroups:
     # size]); 0 when vLLM gave no KV cache config (then cache_config.block_size).
     block_size: int = 0
     layer_group: dict = field(default_factory=dict)  # state layer id -> its state group
+    # vLLM's mamba_cache_mode "align" (prefix caching): a state block per `state_tokens`
+    # tokens, the state after n tokens in block (n - 1) // state_tokens of each state group
+    # (Note [Hybrid prefix caching] in scheduler.py); 0 in mode "none" (one block)
+    state_tokens: int = 0
 
     @property
     def slot(self) -> int | None:
@@ -77,12 +92,24 @@ class CacheGroups:
                 f"groups; vLLM made {found}\n  hint: see docs/vllm.md, \"Hybrid families\", "
                 f"for the layouts pdc's vLLM hybrid families describe")
         mode = vllm_config.cache_config.mamba_cache_mode
-        if mode != "none":
+        if mode not in ("none", "align"):
             raise SettingsError(
-                f"PdcConnector moves one state block per request, but vLLM keeps "
-                f"mamba_cache_mode {mode!r} (a state block per cached prefix block)\n"
-                f"  hint: start a hybrid engine with enable_prefix_caching=False "
-                f"(mamba_cache_mode 'none')")
+                f"PdcConnector moves a request's state from the state block its tokens end "
+                f"in, but vLLM keeps mamba_cache_mode {mode!r}\n  hint: start a hybrid "
+                f"engine with mamba_cache_mode 'none' (no prefix caching) or 'align' (Note "
+                f"[Hybrid prefix caching] in integrations/vllm/scheduler.py)")
+        page_tokens = _tokens(groups[pages[0]].kv_cache_spec)
+        state_tokens = 0
+        if mode == "align":
+            state_tokens = max(_tokens(groups[g].kv_cache_spec) for g in slots)
+            unit = _match_unit(kv_cache_config, vllm_config)
+            if unit < state_tokens:
+                raise SettingsError(
+                    f"PdcConnector loads a hybrid request past a prefix hit that ends on a "
+                    f"state block ({state_tokens} tokens), but vLLM matches prefixes every "
+                    f"{unit} tokens (prefix_match_unit)\n  hint: leave prefix_match_unit "
+                    f"unset or set it to {state_tokens} (Note [Hybrid prefix caching] in "
+                    f"integrations/vllm/scheduler.py)")
         states, layer_group = {}, {}
         for g in slots:
             spec = groups[g].kv_cache_spec
@@ -94,8 +121,7 @@ class CacheGroups:
             for name in groups[g].layer_names:
                 states[name] = tuple(zip(spec.shapes, spec.dtypes, strict=True))
                 layer_group[extract_layer_index(name)] = g
-        return cls(pages[0], tuple(slots), states, _tokens(groups[pages[0]].kv_cache_spec),
-                   layer_group)
+        return cls(pages[0], tuple(slots), states, page_tokens, layer_group, state_tokens)
 
     @property
     def ssm_dtype(self) -> str:
@@ -108,20 +134,28 @@ class CacheGroups:
     def tokens_per_block(self, vllm_config) -> int:
         return self.block_size or vllm_config.cache_config.block_size
 
-    def slot_of(self, per_group) -> int:
-        """A request's state block (its slot) with one state group; -1 without a state group
-        or with several (then layer_slots_of names one per layer)."""
+    def _state_block(self, blocks, tokens: int) -> int:
+        """The block holding the state after `tokens` tokens: the request's one block, or in
+        mode "align" block (tokens - 1) // state_tokens (Note [Hybrid prefix caching])."""
+        if not blocks:
+            return -1
+        if not self.state_tokens:
+            return int(blocks[-1])
+        return int(blocks[(tokens - 1) // self.state_tokens])
+
+    def slot_of(self, per_group, tokens: int = 0) -> int:
+        """A request's state block (its slot) after `tokens` tokens with one state group; -1
+        without a state group or with several (then layer_slots_of names one per layer)."""
         if len(self.slots) != 1:
             return -1
-        blocks = per_group[self.slots[0]]
-        return int(blocks[-1]) if blocks else -1
+        return self._state_block(per_group[self.slots[0]], tokens)
 
-    def layer_slots_of(self, per_group) -> tuple[tuple[int, int], ...]:
-        """(state layer id, its group's block) of a request with several state groups, ()
-        with one or none (Note [Layer slots] in runtime/indices.py)."""
+    def layer_slots_of(self, per_group, tokens: int = 0) -> tuple[tuple[int, int], ...]:
+        """(state layer id, its group's block after `tokens` tokens) of a request with several
+        state groups, () with one or none (Note [Layer slots] in runtime/indices.py)."""
         if len(self.slots) < 2:
             return ()
-        return tuple((layer, int(per_group[g][-1])) for layer, g in
+        return tuple((layer, self._state_block(per_group[g], tokens)) for layer, g in
                      sorted(self.layer_group.items()) if per_group[g])
 
     def state_views(self, name: str, pages) -> list:

@@ -41,12 +41,14 @@ class RecvReq:
 
 @dataclass(frozen=True)
 class CancelReq:
-    """Decode: a request that ended before its load started; prefill may hold its KV."""
+    """Decode: a request that ended before its load started, or one whose prefix hit holds
+    every token prefill sends (Note [Hybrid prefix caching]); prefill may hold its KV."""
 
     req_id: str
     room: int
     bootstrap: str
     prefill_tp: int
+    cached_tokens: int = -1  # decode's hit when it holds every sent token, else -1
 
 
 @dataclass

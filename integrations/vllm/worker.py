@@ -27,7 +27,8 @@ tensors (one item per block, as in the spec's page component); a state layer get
 states (conv, then SSM) packed from the block's start. The worker views each state in place
 (`CacheGroups.state_views`, no copy) and registers it as the spec's slot component of that
 layer, whose pitch is the page (Note [Item pitch]); EnginePools merges the overlapping views
-into one region per storage range. A request's slot is its one block in the state group;
+into one region per storage range. A request's slot is its one block in the state group (with
+prefix caching, the block its tokens end in: Note [Hybrid prefix caching] in scheduler.py);
 with several state groups (3 GDN layers per attention layer) each state layer's slot is its
 group's block (CacheGroups.layer_slots_of, Note [Layer slots] in runtime/indices.py).
 Load failures go to vLLM as failed requests (`failed_recving`): with several groups block ids
@@ -59,6 +60,7 @@ from .stats import PdcConnectorStats
 
 LOG = logging.getLogger("pdc.vllm")
 _TERMINAL = (KVPoll.Success, KVPoll.Failed)
+DECODE_GAVE_UP = "aborted by decode"  # a prefill sender's reason when decode sent Abort
 
 # What each finished request moved, by vLLM request id, for a driver that runs the engine in
 # its own process (pdc.serving.vllm_engine reports it with the request's output). Bounded.
@@ -235,6 +237,9 @@ class PdcWorker:
                 entry[0].abort(wait=False)
                 self.aborting.add(req_id)
         for c in meta.cancel:
+            if c.cached_tokens >= 0:  # Note [Hybrid prefix caching]: nothing to load
+                _note(c.req_id, ok=True, bytes=0, descriptors=0, reason="",
+                      prefix_tokens=c.cached_tokens, cached=True)
             try:
                 rv = self.links.get(c.bootstrap, c.prefill_tp).receiver(c.room)
                 rv.cancel()
@@ -317,6 +322,10 @@ class PdcWorker:
                       descriptors=st.descriptors, reason=sender.reason)
                 if state == KVPoll.Success:
                     self.stats.record(st.bytes, st.descriptors, st.batches, st.t_init, st.t_done)
+                elif sender.reason == DECODE_GAVE_UP:
+                    # decode's client went away, or its prefix cache held every token (Note
+                    # [Hybrid prefix caching]): not a failed transfer
+                    LOG.info("pdc: request %s: decode cancelled its load", req_id)
                 elif req_id not in self.aborting:
                     LOG.warning("pdc: request %s: transfer failed: %s", req_id, sender.reason)
                     self.stats.failed()

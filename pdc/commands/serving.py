@@ -48,6 +48,9 @@ MAX_DEMO_REPEAT = 20
     arg("--kill-prefill-after", type=int, default=None, metavar="K",
         help="kill the last prefill engine once K prompts finished: its prompts may fail, "
              "no other may"),
+    arg("--prefix-caching", default="auto", choices=["auto", "on", "off"],
+        help="vLLM's prefix caching on the prefill and decode engines (default: auto, on "
+             "except for a hybrid family; 'on' runs a hybrid in mamba_cache_mode 'align')"),
     arg("--tie-tolerance", type=float, default=None, metavar="NATS",
         help="compare logprobs instead of tokens: each within NATS of the reference's, a "
              "differing token only at a near tie (default: 0.25 for a hybrid family, 0, "
@@ -99,7 +102,7 @@ def cmd_vllm_demo(args: argparse.Namespace) -> int:
                     comparison=run_comparison,
                     decode_engines=args.decode_engines,
                     kill_prefill_after=args.kill_prefill_after,
-                    tie_tolerance=args.tie_tolerance)
+                    tie_tolerance=args.tie_tolerance, prefix_caching=args.prefix_caching)
 
 
 @command(

@@ -180,7 +180,7 @@ class Outcome:
     def ok(self) -> bool:
         return not self.error and self.same and (not self.pdc or (
             bool(self.transfer) and self.transfer.get("ok", False)
-            and self.transfer.get("bytes", 0) > 0))
+            and (self.transfer.get("bytes", 0) > 0 or self.transfer.get("cached", False))))
 
 
 @dataclass
@@ -440,7 +440,7 @@ def run_demo(family: str, engine_name: str, n_prompts: int, max_tokens: int, see
              out=None, keep: bool = False, compare: bool = False, in_flight: int = 4,
              repeat: int = 1, timeline: bool = False, prefill_engines: int = 1, comparison=None,
              decode_engines: int = 1, kill_prefill_after: int | None = None,
-             tie_tolerance: float | None = None) -> int:
+             tie_tolerance: float | None = None, prefix_caching: str = "auto") -> int:
     """Results on `out` (stdout), progress and errors on stderr. `compare` adds vLLM's own
     connectors and one engine alone (pdc/serving/vllm_compare.py); `repeat` runs every backend that
     many times, interleaved; `timeline` has pdc log its transfers and prints their phases
@@ -450,7 +450,9 @@ def run_demo(family: str, engine_name: str, n_prompts: int, max_tokens: int, see
     prompts finished; its prompts may fail, no other may. `tie_tolerance`: a token that
     differs from the reference passes at a near tie of at most this logprob (default:
     MLA_TOL_NATS for an MLA family, HYBRID_TIE_TOLERANCE for a hybrid one, 0, i.e.
-    identity, otherwise)."""
+    identity, otherwise). `prefix_caching`: vLLM's prefix caching on the prefill and decode
+    engines, "on", "off" or "auto" (pdc.serving.vllm_engine: on except for a hybrid family);
+    the reference engine runs without (every prompt computed whole)."""
     from ..console import Counter, phase_printer, wrap
 
     if timeline:
@@ -509,12 +511,14 @@ def run_demo(family: str, engine_name: str, n_prompts: int, max_tokens: int, see
         for k in range(prefill_engines):
             extra = dict(knobs, decode_engines=decode_engines) if many else knobs
             pres.append(Engine(python, work, "prefill", model, family, engine_name, core=0,
-                               extra=extra, name=f"prefill{k}" if many else ""))
+                               extra=extra, name=f"prefill{k}" if many else "",
+                               prefix_caching=prefix_caching))
         for k in range(decode_engines):
             extra = dict(knobs, decode_engines=decode_engines, decode_index=k) if many \
                 else knobs
             decs.append(Engine(python, work, "decode", model, family, engine_name, core=1,
-                               extra=extra, name=f"decode{k}" if many else ""))
+                               extra=extra, name=f"decode{k}" if many else "",
+                               prefix_caching=prefix_caching))
         for e in pres + decs:  # they start side by side; one waits for all
             engines.append(e)
         for e in pres + decs:

@@ -13,7 +13,8 @@ serves JSON requests: {"op": "generate", "id", "prompt": [token ids], "max_token
 "free_blocks"} (see _block_state), {"op": "transfers"} (what PdcConnector noted of the
 requests that finished since, in this process: a prefill's sends once they are done),
 {"op": "stop"}. Each finished request is answered with
-{"id", "tokens", "kv_transfer_params", "finish_reason", "ttft_s"} and, when asked,
+{"id", "tokens", "kv_transfer_params", "finish_reason", "cached_tokens" (vLLM's
+prefix-cache hit, or what the connector loaded), "ttft_s"} and, when asked,
 "logprobs": per generated token its top-k [[token, logprob], ...], best first. The engine
 is vLLM's LLMEngine, stepped by this loop (no HTTP server, no tokenizer: prompts are token
 ids).
@@ -78,7 +79,9 @@ def _engine(args):
 
 def _prefix_caching(args) -> bool:
     """vLLM's prefix caching: as asked (`--prefix-caching on|off`), else on except for a
-    hybrid family (one state block per request, integrations/vllm/groups.py)."""
+    hybrid family. A hybrid with it on keeps its states in mamba_cache_mode "align", which
+    PdcConnector moves (Note [Hybrid prefix caching] in integrations/vllm/scheduler.py); off
+    by default, as the hybrid runs in docs/vllm.md were measured."""
     if args.prefix_caching != "auto":
         return args.prefix_caching == "on"
     return not is_hybrid(args.family)
@@ -104,9 +107,8 @@ def _layout(family: str):
 
 def is_hybrid(family: str) -> bool:
     """A family with per-request state (GDN, Mamba) besides its pages: vLLM runs it with its
-    hybrid KV cache manager and without prefix caching (one state block per request,
-    integrations/vllm/groups.py). No family (""): the connector binds the spec that serves
-    the model's architecture, a Llama-shaped one here."""
+    hybrid KV cache manager (integrations/vllm/groups.py). No family (""): the connector
+    binds the spec that serves the model's architecture, a Llama-shaped one here."""
     if not family:
         return False
     return any(c.index == "slot" for c in _layout(family).LAYOUT.components)
@@ -328,6 +330,7 @@ def main(argv=None) -> int:
             reply = {"id": rid, "tokens": list(o.token_ids),
                      "kv_transfer_params": out.kv_transfer_params,
                      "finish_reason": o.finish_reason,
+                     "cached_tokens": out.num_cached_tokens,
                      "ttft_s": first.get(rid, time.monotonic()) - started.pop(rid)}
             if o.logprobs is not None:  # per token: [[token, logprob], ...] best first
                 reply["logprobs"] = [sorted(([t, lp.logprob] for t, lp in pos.items()),
