@@ -116,8 +116,8 @@ def test_an_unknown_architecture_is_refused_naming_where_pdc_looked(model_dir, m
     assert str(e.value).splitlines() == [
         f"pdc: the served model ({path}): pdc has no spec for architecture MambaForCausalLM "
         "served by sglang; looked in: PDC_SPEC_PATH is not set; pdc's package (sglang specs "
-        "for DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, LlamaForCausalLM, "
-        "Qwen3ForCausalLM, Qwen3NextForCausalLM)",
+        "for DeepseekV2ForCausalLM, DeepseekV32ForCausalLM, DeepseekV3ForCausalLM, "
+        "GlmMoeDsaForCausalLM, LlamaForCausalLM, Qwen3ForCausalLM, Qwen3NextForCausalLM)",
         "  hint: write a spec with `serves: {engine: sglang, architectures: "
         "[MambaForCausalLM]}` (docs/adding-a-family.md) into a folder and name it in "
         "PDC_SPEC_PATH"]
@@ -266,7 +266,8 @@ def test_a_state_type_without_a_spec_is_refused_by_name(model_dir):
     args = _seed_kv_args("qwen3-next")
     args.state_types = ["swa"]
     with pytest.raises(F.RefusedModel, match="SGLang registered 'swa' state buffers; pdc's "
-                                             "SGLang specs carry mamba slot state only so far"):
+                                             "SGLang specs carry mamba slot state and DSA "
+                                             "indexer keys only so far"):
         F.served_family(model_dir("Qwen3NextForCausalLM", **QWEN3_NEXT), args, 1, 0)
 
 
