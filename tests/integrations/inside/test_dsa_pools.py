@@ -228,6 +228,33 @@ def test_latent_and_indexer_pages_move_byte_for_byte(pair):
     assert int(pair.decode.meta.bootstrap_room[2][0]) == 9_000_001
 
 
+def test_past_decodes_cached_prefix_only_the_suffix_pages_move(pair):
+    # decode's radix cache holds the first page (decode_prefix_len 64): SGLang's DSA lists
+    # are the suffix pages on both sides (`suffix_page_indices` from the prefix), as are the
+    # KV pages prefill sends and decode allocates; pdc places them past the prefix
+    room, src, dst = 9_000_005, [2, 6], [1, 3]
+    before = [b.clone() for _, b in pair.decode.pages()]
+    rv = C.PdcKVReceiver(pair.decode.mgr, pair.addr, room)
+    rv.init(0)
+    tx = C.PdcKVSender(pair.prefill.mgr, pair.addr, room)
+    deadline = time.monotonic() + 30
+    while rv.poll() == KVPoll.Bootstrapping and time.monotonic() < deadline:
+        time.sleep(0.01)
+    rv.send_metadata(dst, aux_index=4, state_indices=[dst], decode_prefix_len=PAGE)
+    while tx.poll() == KVPoll.Bootstrapping and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert tx.pop_decode_prefix_len() == PAGE
+    pair.prefill.meta.bootstrap_room[1].fill_(room)
+    tx.init(len(src), aux_index=1)
+    tx.send(src, state_indices=[src], num_kv_tokens=len(src) * PAGE)
+    assert _wait(rv, tx) == [KVPoll.Success, KVPoll.Success], (rv.error, tx.error)
+    rv.clear()
+    assert differences(pair, src, dst) == []
+    keep = [pg for pg in range(PAGES + 1) if pg not in dst]
+    for (name, b), was in zip(pair.decode.pages(), before, strict=True):
+        assert torch.equal(b[keep], was[keep]), name
+
+
 def test_a_wrong_indexer_page_is_detected(pair):
     # Negative control of the check above: the last chunk's first page is read from the page
     # before it (faults.py `wrong_page`); the request succeeds, and the byte check names that
