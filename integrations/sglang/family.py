@@ -315,6 +315,14 @@ def _draft_buffers(kv_args, layout: FamilyLayout, names: tuple[str, ...], draft:
     return out
 
 
+# SGLang state types pdc refuses, and what they hold (docs/sglang.md "Sliding-window pools")
+UNCARRIED_STATE = {
+    "swa": "the sliding-window layers' own pool, SWAKVPool: pages of its own page space, the "
+           "window's only",
+    "dsa_tail": "the DSA indexer's kpool-compress tail, index_kpool > 1",
+}
+
+
 def state_buffers_of(kv_args, slot_components=("gdn_conv", "gdn_ssm"), locate=address_device,
                      layout: FamilyLayout | None = None) -> dict[tuple[str, str, int], Region]:
     """SGLang's per-request state buffers (mamba pool) as (component, tensor, layer id).
@@ -333,8 +341,10 @@ def state_buffers_of(kv_args, slot_components=("gdn_conv", "gdn_ssm"), locate=ad
             out.update(dsa_buffers_of(kv_args, i, layout, locate))
             continue
         if kind != "mamba":
-            raise RefusedModel(f"pdc: SGLang registered {kind!r} state buffers; pdc's SGLang "
-                               "specs carry mamba slot state and DSA indexer keys only so far")
+            why = f" ({UNCARRIED_STATE[kind]})" if kind in UNCARRIED_STATE else ""
+            raise RefusedModel(f"pdc: SGLang registered {kind!r} state buffers{why}; pdc's "
+                               "SGLang specs carry mamba slot state and DSA indexer keys only "
+                               "so far")
         ptrs, lens = kv_args.state_data_ptrs[i], kv_args.state_data_lens[i]
         items = kv_args.state_item_lens[i]
         layer_ids = list((getattr(kv_args, "state_layer_ids", None) or [[]] * (i + 1))[i])

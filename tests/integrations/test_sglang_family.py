@@ -264,10 +264,10 @@ def test_a_hybrid_state_of_another_dtype_is_refused_naming_both_sides(model_dir)
 
 def test_a_state_type_without_a_spec_is_refused_by_name(model_dir):
     args = _seed_kv_args("qwen3-next")
-    args.state_types = ["swa"]
-    with pytest.raises(F.RefusedModel, match="SGLang registered 'swa' state buffers; pdc's "
-                                             "SGLang specs carry mamba slot state and DSA "
-                                             "indexer keys only so far"):
+    args.state_types = ["qsa_pending"]
+    with pytest.raises(F.RefusedModel, match="SGLang registered 'qsa_pending' state buffers; "
+                                             "pdc's SGLang specs carry mamba slot state and "
+                                             "DSA indexer keys only so far"):
         F.served_family(model_dir("Qwen3NextForCausalLM", **QWEN3_NEXT), args, 1, 0)
 
 
@@ -585,10 +585,12 @@ def test_a_dsa_buffer_count_off_the_spec_is_refused_naming_both(model_dir):
 
 def test_the_dsa_kpool_tail_is_refused_by_name(model_dir):
     path = model_dir("DeepseekV32ForCausalLM", **DSA_CONFIG)
-    with pytest.raises(F.RefusedModel, match="SGLang registered 'dsa_tail' state buffers; "
-                                             "pdc's SGLang specs carry mamba slot state and "
-                                             "DSA indexer keys only so far"):
+    with pytest.raises(F.RefusedModel) as e:
         F.served_family(path, _dsa_kv_args(extra_state=("dsa_tail",)), 1, 0, "bfloat16")
+    assert str(e.value) == (
+        f"pdc: DeepseekV32ForCausalLM ({path}) does not fit its spec: SGLang registered "
+        "'dsa_tail' state buffers (the DSA indexer's kpool-compress tail, index_kpool > 1); "
+        "pdc's SGLang specs carry mamba slot state and DSA indexer keys only so far")
 
 
 def test_sglangs_dsa_page_list_must_be_the_requests_pages():
