@@ -75,6 +75,7 @@ from sglang.srt.disaggregation.base.conn import (
 )
 from sglang.srt.disaggregation.utils import DisaggregationMode
 
+from .dsa import dsa_pages, page_list_error
 from .family import (
     RefusedModel,
     decode_instance,
@@ -125,11 +126,14 @@ def _parse_side(text: str, what: str) -> dict[str, int]:
     return out
 
 
-def _slot(state_indices) -> int:
+def _slot(state_indices, state_types=None) -> int:
     """The request's mamba slot from SGLang's `state_indices` (one entry per state type of
     KVArgs.state_types, the mamba one an array holding the slot; Note [SGLang mamba state] in
-    family.py), or -1 when the model keeps no slot state."""
-    for entry in state_indices or ():
+    family.py), or -1 when the model keeps no slot state; a DSA pool's pages are no slot."""
+    kinds = [str(getattr(t, "value", t)) for t in state_types or ()]
+    for i, entry in enumerate(state_indices or ()):
+        if kinds and (i >= len(kinds) or kinds[i] != "mamba"):
+            continue
         if entry is not None and len(entry):
             return int(entry[0])
     return -1
@@ -372,6 +376,7 @@ class PdcKVSender(BaseKVSender):
         self.num_pages: int | None = None
         self.aux_index = -1
         self.pages_sent = 0
+        self.page_list: list[int] = []  # every page sent, for the DSA page check
         self.tokens_sent = 0
         self.prefix_tokens = 0  # decode's prefix (Note [SGLang decode prefix])
         self.error = ""
@@ -427,19 +432,24 @@ class PdcKVSender(BaseKVSender):
         pages = [int(x) for x in kv_indices]
         start = self.pages_sent
         self.pages_sent += len(pages)
+        self.page_list += pages
         self.tokens_sent += int(num_kv_tokens or 0)
+        types = getattr(self.kv_mgr.kv_args, "state_types", None)
+        last = self.num_pages is not None and self.pages_sent == self.num_pages
         if self.num_pages is None:
             self.error = "send() before init(): SGLang gave no page count"
         elif self.pages_sent > self.num_pages:
             self.error = (f"SGLang sent pages {start}..{self.pages_sent - 1}, but init() said "
                           f"the request has {self.num_pages}")
+        elif last:  # Note [SGLang DSA indexer keys]
+            self.error = page_list_error(dsa_pages(state_indices, types), self.page_list)
         if self.error:
             self.sender.abort()
             return
-        last = self.pages_sent == self.num_pages
         pages = apply_faults(self.bootstrap_room, pages, last)
         prefix_pages = self.prefix_tokens // self.kv_mgr.page_size
-        slot = apply_slot_fault(self.bootstrap_room, _slot(state_indices)) if last else -1
+        slot = apply_slot_fault(self.bootstrap_room, _slot(state_indices, types)) if last \
+            else -1
         self.sender.send(pages, prefix_pages + start, last, self.prefix_tokens + self.tokens_sent,
                          slot=slot, aux_row=self.aux_index if last else -1)
 
@@ -529,9 +539,16 @@ class PdcKVReceiver(BaseKVReceiver):
                           f"{page_size}-token pages (Note [SGLang decode prefix])")
             self.receiver.abort(wait=False)
             return
+        types = getattr(self.kv_mgr.kv_args, "state_types", None)
+        own = [int(x) for x in kv_indices]
+        wrong = page_list_error(dsa_pages(state_indices, types), own)
+        if wrong:  # Note [SGLang DSA indexer keys]
+            self.error = wrong
+            self.receiver.abort(wait=False)
+            return
         # Note [SGLang decode prefix]: page 0 at the positions decode holds already
-        pages = [0] * (prefix // page_size) + [int(x) for x in kv_indices]
-        self.receiver.init(pages, prefix, slot=_slot(state_indices),
+        pages = [0] * (prefix // page_size) + own
+        self.receiver.init(pages, prefix, slot=_slot(state_indices, types),
                            aux_row=-1 if aux_index is None else int(aux_index))
 
     def poll(self) -> KVPoll:

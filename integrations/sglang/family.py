@@ -59,6 +59,9 @@ from pdc.runtime.plan_types import Plan, RankId
 from pdc.runtime.pools import EnginePools, RegistrationMismatch, address_device, engine_device
 from pdc.runtime.spec_path import find_family, search_folders
 
+from .dsa import DSA_INDEX, check_registered, dsa_buffers_of
+from .regions import RefusedModel, Region
+
 ENGINE = "sglang"  # the engine a spec's `serves` names for this backend
 
 # Note [SGLang aux row]: get_buf_infos order with SGLang's default settings.
@@ -71,10 +74,6 @@ AUX_FIELDS = (
 AUX_SINGLE = {"output_top_logprobs_val": "aux_top_val", "output_top_logprobs_idx": "aux_top_idx",
               "output_topk_index": "aux_topk_index", "output_hidden_states": "aux_hidden",
               "bootstrap_room": "aux_room"}
-
-
-class RefusedModel(RuntimeError):
-    """pdc cannot serve this model (or these SGLang settings); the message says why."""
 
 
 @dataclass(frozen=True)
@@ -160,17 +159,6 @@ def architecture(model_path: str, config: dict | None = None) -> str:
 
 
 @dataclass(frozen=True)
-class Region:
-    """One SGLang buffer as KVArgs describes it: address, bytes, bytes per item."""
-
-    addr: int
-    nbytes: int
-    item_bytes: int
-    what: str  # in SGLang's words, for messages
-    device: str = "cpu"  # "cuda:N" for a GPU's memory (Note [SGLang memory kinds])
-
-
-@dataclass(frozen=True)
 class DraftModel:
     """The draft model a speculating SGLang server runs (Note [SGLang draft state])."""
 
@@ -222,7 +210,7 @@ def draft_page_components(layout: FamilyLayout) -> tuple[str, ...]:
     ones that may hold no layers, when the band is empty), in spec order."""
     draft = set(layout.draft_ids)
     return tuple(c.name for c in layout.components
-                 if c.index == "page" and set(c.layer_ids) <= draft)
+                 if c.index == "page" and set(c.layer_ids) <= draft and c.name not in DSA_INDEX)
 
 
 def buffers_of(kv_args, page_tensors=(("kv", "k"), ("kv", "v")), layout=None,
@@ -327,21 +315,36 @@ def _draft_buffers(kv_args, layout: FamilyLayout, names: tuple[str, ...], draft:
     return out
 
 
-def state_buffers_of(kv_args, slot_components=("gdn_conv", "gdn_ssm"), locate=address_device
-                     ) -> dict[tuple[str, str, int], Region]:
+# SGLang state types pdc refuses, and what they hold (docs/sglang.md "Sliding-window pools")
+UNCARRIED_STATE = {
+    "swa": "the sliding-window layers' own pool, SWAKVPool: pages of its own page space, the "
+           "window's only",
+    "dsa_tail": "the DSA indexer's kpool-compress tail, index_kpool > 1",
+}
+
+
+def state_buffers_of(kv_args, slot_components=("gdn_conv", "gdn_ssm"), locate=address_device,
+                     layout: FamilyLayout | None = None) -> dict[tuple[str, str, int], Region]:
     """SGLang's per-request state buffers (mamba pool) as (component, tensor, layer id).
 
     Note [SGLang mamba state]: KVArgs carries one list of buffers per state type; the mamba
     pool's list is every layer's conv state, then every layer's temporal state
     (MambaPool.get_contiguous_buf_infos), `state_layer_ids` naming each entry's layer. Its
     items are slots: SGLang sends the request's slot in `state_indices` with the last chunk.
-    Other state types (SWA, DSA, ...) are refused by name until a spec declares them."""
+    A DSA pool's indexer keys are page-indexed (Note [SGLang DSA indexer keys] in dsa.py);
+    other state types (SWA, ...) are refused by name until a spec declares them."""
     out: dict[tuple[str, str, int], Region] = {}
     types = [str(getattr(t, "value", t)) for t in getattr(kv_args, "state_types", None) or []]
+    check_registered(types, layout)
     for i, kind in enumerate(types):
+        if kind == "dsa":
+            out.update(dsa_buffers_of(kv_args, i, layout, locate))
+            continue
         if kind != "mamba":
-            raise RefusedModel(f"pdc: SGLang registered {kind!r} state buffers; pdc's SGLang "
-                               "specs carry mamba slot state only so far")
+            why = f" ({UNCARRIED_STATE[kind]})" if kind in UNCARRIED_STATE else ""
+            raise RefusedModel(f"pdc: SGLang registered {kind!r} state buffers{why}; pdc's "
+                               "SGLang specs carry mamba slot state and DSA indexer keys only "
+                               "so far")
         ptrs, lens = kv_args.state_data_ptrs[i], kv_args.state_data_lens[i]
         items = kv_args.state_item_lens[i]
         layer_ids = list((getattr(kv_args, "state_layer_ids", None) or [[]] * (i + 1))[i])
@@ -425,8 +428,9 @@ def engine_pools(layout: FamilyLayout, plan: Plan, side: str, rank: RankId,
     """SGLang's own KV and aux buffers of this rank, in place, checked against the plan
     (Note [Engine-owned memory] in pdc.runtime.pools) and, when known, the KV dtype."""
     reg = plan.registration(side, rank)
-    kv = buffers_of(kv_args, _tensors_of(layout, "page"), layout)
-    kv.update(state_buffers_of(kv_args, tuple(c for c, _ in _tensors_of(layout, "slot"))))
+    kv = buffers_of(kv_args, _kv_tensors(layout), layout)
+    kv.update(state_buffers_of(kv_args, tuple(c for c, _ in _tensors_of(layout, "slot")),
+                               layout=layout))
     aux = aux_buffers_of(kv_args)
     if kv_dtype is None:
         kv_dtype = served_kv_dtype(kv_args)
@@ -440,8 +444,8 @@ def engine_pools(layout: FamilyLayout, plan: Plan, side: str, rank: RankId,
                 region = kv.get((name, tensor, layer_id))
                 # the KV dtype names the page pools; slot state keeps its own (GDN's
                 # recurrent state is float32 in a bfloat16 model)
-                if region is not None and comp.index == "page" and \
-                        kv_dtype not in ("", "auto", comp.dtype):
+                if region is not None and comp.index == "page" and name not in DSA_INDEX \
+                        and kv_dtype not in ("", "auto", comp.dtype):
                     raise RefusedModel(f"pdc: {layout.family} ({comp.loc}) holds {name} in "
                                        f"{comp.dtype}, the server's KV cache is {kv_dtype}")
             if region is None:
@@ -460,9 +464,9 @@ def engine_pools(layout: FamilyLayout, plan: Plan, side: str, rank: RankId,
 def served_device(layout: FamilyLayout, kv_args, locate=address_device) -> str:
     """The device of every buffer SGLang registers on this rank, "" for host memory (Note
     [SGLang memory kinds]); buffers in two kinds of memory or on two GPUs are refused."""
-    regions = [*buffers_of(kv_args, _tensors_of(layout, "page"), layout, locate).values(),
+    regions = [*buffers_of(kv_args, _kv_tensors(layout), layout, locate).values(),
                *state_buffers_of(kv_args, tuple(c for c, _ in _tensors_of(layout, "slot")),
-                                 locate).values(),
+                                 locate, layout).values(),
                *aux_buffers_of(kv_args, locate).values()]
     try:
         chosen = engine_device({r.what: r.device for r in regions}, layout.spec_path,
@@ -483,6 +487,12 @@ def _tensors_of(layout: FamilyLayout, index: str) -> tuple[tuple[str, str], ...]
     """(component, tensor) of the layout's components indexed by `index`, in spec order."""
     return tuple((c.name, t) for c in layout.components if c.index == index
                  for t in (c.tensors if len(c.tensors) > 1 else ("data",)))
+
+
+def _kv_tensors(layout: FamilyLayout) -> tuple[tuple[str, str], ...]:
+    """The page tensors SGLang registers in kv_data_ptrs: all but the DSA indexer keys,
+    which come as state (Note [SGLang DSA indexer keys] in dsa.py)."""
+    return tuple(t for t in _tensors_of(layout, "page") if t[0] not in DSA_INDEX)
 
 
 def _single_field(component: str) -> str:

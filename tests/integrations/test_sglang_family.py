@@ -116,8 +116,8 @@ def test_an_unknown_architecture_is_refused_naming_where_pdc_looked(model_dir, m
     assert str(e.value).splitlines() == [
         f"pdc: the served model ({path}): pdc has no spec for architecture MambaForCausalLM "
         "served by sglang; looked in: PDC_SPEC_PATH is not set; pdc's package (sglang specs "
-        "for DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, LlamaForCausalLM, "
-        "Qwen3ForCausalLM, Qwen3NextForCausalLM)",
+        "for DeepseekV2ForCausalLM, DeepseekV32ForCausalLM, DeepseekV3ForCausalLM, "
+        "GlmMoeDsaForCausalLM, LlamaForCausalLM, Qwen3ForCausalLM, Qwen3NextForCausalLM)",
         "  hint: write a spec with `serves: {engine: sglang, architectures: "
         "[MambaForCausalLM]}` (docs/adding-a-family.md) into a folder and name it in "
         "PDC_SPEC_PATH"]
@@ -264,9 +264,10 @@ def test_a_hybrid_state_of_another_dtype_is_refused_naming_both_sides(model_dir)
 
 def test_a_state_type_without_a_spec_is_refused_by_name(model_dir):
     args = _seed_kv_args("qwen3-next")
-    args.state_types = ["swa"]
-    with pytest.raises(F.RefusedModel, match="SGLang registered 'swa' state buffers; pdc's "
-                                             "SGLang specs carry mamba slot state only so far"):
+    args.state_types = ["qsa_pending"]
+    with pytest.raises(F.RefusedModel, match="SGLang registered 'qsa_pending' state buffers; "
+                                             "pdc's SGLang specs carry mamba slot state and "
+                                             "DSA indexer keys only so far"):
         F.served_family(model_dir("Qwen3NextForCausalLM", **QWEN3_NEXT), args, 1, 0)
 
 
@@ -516,3 +517,90 @@ def test_mla_at_prefill_tp2_leaves_one_prefill_rank_without_a_link(model_dir):
                              _seed_kv_args("qwen3-next", tp=2), 2, 0, "bfloat16")
     plan = F.make_plan(hybrid.family, F.side(2, 1, 1, 16), F.side(1, 1, 1, 16), "mooncake")
     assert [len(plan.links_from(RankId(0, r))) for r in (0, 1)] == [1, 1]
+
+
+# Note [SGLang DSA indexer keys]: a DSATokenToKVPool's latent in kv_data_ptrs, its indexer keys
+# (one uint8 row of 64 x (128 + 4) bytes per page) as the "dsa" state component
+DSA_CONFIG = {**MLA, "index_head_dim": 128, "index_n_heads": 2, "index_topk": 8}
+INDEX_ITEM = 64 * (128 + 4)
+
+
+def _dsa_kv_args(index_items=(INDEX_ITEM, INDEX_ITEM), extra_state=()):
+    args = _kv_args(page_size=64)
+    keep = args.keep
+
+    def buf(nbytes):
+        a = np.zeros(max(nbytes, 1), np.uint8)
+        keep.append(a)
+        return a.ctypes.data
+
+    item = 64 * 48 * 2
+    args.kv_data_ptrs = [buf(item * PAGES) for _ in range(2)]
+    args.kv_data_lens, args.kv_item_lens = [item * PAGES] * 2, [item] * 2
+    args.kv_layer_ids = [0, 1]
+    args.state_types = ["dsa", *extra_state]
+    args.state_data_ptrs = [[buf(i * PAGES) for i in index_items]] + [[buf(64)]] * len(extra_state)
+    args.state_data_lens = [[i * PAGES for i in index_items]] + [[64]] * len(extra_state)
+    args.state_item_lens = [list(index_items)] + [[64]] * len(extra_state)
+    return args
+
+
+def test_the_dsa_indexer_keys_are_served_as_page_components_in_place(model_dir):
+    args = _dsa_kv_args()
+    fam = F.served_family(model_dir("DeepseekV32ForCausalLM", **DSA_CONFIG), args, 1, 0,
+                          "bfloat16")
+    assert fam.layout.family == "sglang-deepseek-v32"
+    one = F.side(1, 1, 1, 64)
+    pools = F.engine_pools(fam.layout, F.make_plan(fam.family, one, one, "mooncake"), "decode",
+                           RankId(0, 0), args)
+    # SGLang's own buffers, in place, one item a page
+    assert [(b.layer_id, b.offset, b.capacity) for b in pools.buffers["index_k"]] == \
+        [(i, args.state_data_ptrs[0][i], PAGES) for i in range(2)]
+    assert [b.offset for b in pools.buffers["latent"]] == args.kv_data_ptrs
+
+
+def test_indexshare_placeholders_are_refused_by_name(model_dir):
+    path = model_dir("DeepseekV32ForCausalLM", **DSA_CONFIG)
+    with pytest.raises(F.RefusedModel) as e:
+        F.served_family(path, _dsa_kv_args((INDEX_ITEM, 0)), 1, 0, "bfloat16")
+    assert str(e.value) == (
+        f"pdc: DeepseekV32ForCausalLM ({path}) does not fit its spec: SGLang registered 0-row "
+        "DSA indexer buffers for KVArgs entries [1] (IndexShare: layers that reuse the "
+        "previous layer's top-k, `indexer_types` in the config); sglang-deepseek-v32's "
+        "index_k (specs/sglang-deepseek-v32.yaml:64:3) holds keys for every layer")
+
+
+def test_a_dsa_buffer_count_off_the_spec_is_refused_naming_both(model_dir):
+    path = model_dir("DeepseekV32ForCausalLM", **DSA_CONFIG)
+    with pytest.raises(F.RefusedModel) as e:
+        F.served_family(path, _dsa_kv_args((INDEX_ITEM,) * 3), 1, 0, "bfloat16")
+    assert str(e.value) == (
+        f"pdc: DeepseekV32ForCausalLM ({path}) does not fit its spec: SGLang registered 3 DSA "
+        "indexer-key buffers, sglang-deepseek-v32's index_k "
+        "(specs/sglang-deepseek-v32.yaml:64:3) and draft_index_k "
+        "(specs/sglang-deepseek-v32.yaml:70:3) take 2 (2 target layers, 0 draft layers); "
+        "hint: the target's come first, then the MTP draft pool's "
+        "(disaggregation/utils.py setup_state_kv_args)")
+
+
+def test_the_dsa_kpool_tail_is_refused_by_name(model_dir):
+    path = model_dir("DeepseekV32ForCausalLM", **DSA_CONFIG)
+    with pytest.raises(F.RefusedModel) as e:
+        F.served_family(path, _dsa_kv_args(extra_state=("dsa_tail",)), 1, 0, "bfloat16")
+    assert str(e.value) == (
+        f"pdc: DeepseekV32ForCausalLM ({path}) does not fit its spec: SGLang registered "
+        "'dsa_tail' state buffers (the DSA indexer's kpool-compress tail, index_kpool > 1); "
+        "pdc's SGLang specs carry mamba slot state and DSA indexer keys only so far")
+
+
+def test_sglangs_dsa_page_list_must_be_the_requests_pages():
+    from pdc.integrations.sglang.dsa import dsa_pages, page_list_error
+
+    types = ["mamba", "dsa"]
+    assert dsa_pages([np.array([3]), np.array([4, 7])], types) == [4, 7]
+    assert dsa_pages([np.array([3])], ["mamba"]) is None
+    assert page_list_error([4, 7], [4, 7]) == "" and page_list_error(None, [1]) == ""
+    assert page_list_error(list(range(10)), list(range(1, 11))) == (
+        "SGLang's DSA indexer pages [0, 1, 2, 3, 4, 5, 6, 7]... (10 pages) are not the "
+        "request's KV pages [1, 2, 3, 4, 5, 6, 7, 8]... (10 pages): pdc moves the indexer "
+        "keys with the KV pages")

@@ -111,8 +111,9 @@ def test_an_architecture_found_nowhere_names_every_place(folder, tmp_path):
     assert str(e.value).splitlines()[0] == (
         f"pdc has no spec for architecture FalconForCausalLM served by sglang; looked in: "
         f"{folder} (sglang specs for GPTNeoXForCausalLM); {missing} (not a folder); pdc's "
-        f"package (sglang specs for DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, "
-        f"LlamaForCausalLM, Qwen3ForCausalLM, Qwen3NextForCausalLM)")
+        f"package (sglang specs for DeepseekV2ForCausalLM, DeepseekV32ForCausalLM, "
+        f"DeepseekV3ForCausalLM, GlmMoeDsaForCausalLM, LlamaForCausalLM, Qwen3ForCausalLM, "
+        f"Qwen3NextForCausalLM)")
 
 
 def test_the_package_serves_what_its_specs_say():
@@ -122,4 +123,6 @@ def test_the_package_serves_what_its_specs_say():
     assert served[("sglang", "Qwen3ForCausalLM")] == "sglang-llama"
     assert served[("sglang", "Qwen3NextForCausalLM")] == "sglang-qwen3-next"
     assert served[("sglang", "DeepseekV3ForCausalLM")] == "sglang-deepseek-mla"
+    assert served[("sglang", "DeepseekV32ForCausalLM")] == "sglang-deepseek-v32"
+    assert served[("sglang", "GlmMoeDsaForCausalLM")] == "sglang-deepseek-v32"
     assert served[("transformers", "DeepseekV2ForCausalLM")] == "hf-deepseek-v3"
