@@ -10,11 +10,13 @@ and the NHD layout,
   second; KVArgs list K of every layer then V, each `size + page_size` rows, a page's bytes per
   item (`get_contiguous_buf_infos`, memory_pool.py:2775-2789);
 - metadata (`disaggregation/utils.py:436-494`, MetadataBuffers, in get_buf_infos order):
-  on the GPU as SGLANG_MOONCAKE_CUSTOM_MEM_POOL=INTRA_NODE_NVLINK puts them
-  (`utils.py:425-426`), on the host by default (`utils.py:416`), which the backend refuses.
+  plain `torch.zeros` on the host by default (`utils.py:416`), on the GPU as
+  SGLANG_MOONCAKE_CUSTOM_MEM_POOL=INTRA_NODE_NVLINK puts them (`utils.py:425-426`).
 The KVArgs built from them go through the backend's own code: `served_family` (binding, the
-memory kind), `engine_pools`, and an engine made with `ServedFamily.engine_kwargs`, as
-PdcKVManager does; then pdc's endpoints move the request, in two chunks.
+engine's GPU), `engine_pools`, and an engine made with `ServedFamily.engine_kwargs`, as
+PdcKVManager does, which registers each buffer with its own memory kind (Note [Two memory
+kinds] in runtime/pools.py); then pdc's endpoints move the request, in two chunks, for both
+layouts.
 
     pytest -q tests/integrations/test_sglang_gpu.py   # on a CUDA machine with the engines
 """
@@ -47,7 +49,7 @@ _HAVE = {"mooncake": importlib.util.find_spec("mooncake") is not None,
          "nixl": any(importlib.util.find_spec(m) for m in ("nixl_cu12", "nixl_cu13", "nixl"))}
 
 
-def sglang_buffers(seed: int, metadata_device: str = "cuda:0"):
+def sglang_buffers(seed: int, metadata_device: str = "cpu"):
     """(KVArgs, tensors) as SGLang's MHATokenToKVPool and MetadataBuffers allocate them."""
     g = torch.Generator(device="cuda:0").manual_seed(seed)
     rows = PAGES * PAGE + PAGE
@@ -81,13 +83,13 @@ def _model(tmp: str) -> str:
     return tmp
 
 
-def _bind(tmp: str, seed: int, engine: str, side_name: str):
-    """The backend's path: served family (memory kind), plan, SGLang's pools, engine."""
+def _bind(tmp: str, seed: int, engine: str, side_name: str, metadata_device: str):
+    """The backend's path: served family (the engine's GPU), plan, SGLang's pools, engine."""
     from pdc.integrations.sglang import family as F
     from pdc.runtime.engines import make_engine
     from pdc.runtime.plan_types import RankId
 
-    args, bufs = sglang_buffers(seed)
+    args, bufs = sglang_buffers(seed, metadata_device)
     fam = F.served_family(_model(tmp), args, 1, 0, "bfloat16")
     one = F.side(1, 1, 1, PAGE)
     plan = F.make_plan(fam.family, one, one, engine)
@@ -95,6 +97,13 @@ def _bind(tmp: str, seed: int, engine: str, side_name: str):
     kwargs = {"hostname": "127.0.0.1"} if engine == "mooncake" else {}
     eng = make_engine(engine, **kwargs, **fam.engine_kwargs)
     return fam, plan, pools, eng, bufs
+
+
+def registered_kinds(eng) -> list[str]:
+    """The memory kinds the engine registered its regions with (Mooncake: locations)."""
+    if eng.name == "mooncake":
+        return sorted(set(eng.report()["locations"].values()))
+    return sorted({"VRAM" if a in eng._vram else "DRAM" for a, _ in eng._regions.items()})
 
 
 def request_bytes(bufs, pages, row) -> bytes:
@@ -106,7 +115,7 @@ def request_bytes(bufs, pages, row) -> bytes:
     return b"".join(p.numpy().tobytes() for p in parts)
 
 
-def _prefill(conn, engine: str, tmp: str) -> None:
+def _prefill(conn, engine: str, tmp: str, metadata_device: str) -> None:
     try:
         import time
 
@@ -114,9 +123,9 @@ def _prefill(conn, engine: str, tmp: str) -> None:
         from pdc.runtime.plan_types import RankId
 
         boot = conn.recv()
-        fam, plan, pools, eng, bufs = _bind(tmp, 11, engine, "prefill")
+        fam, plan, pools, eng, bufs = _bind(tmp, 11, engine, "prefill", metadata_device)
         ep = PrefillEndpoint(fam.layout, fam.wire, plan, RankId(0, 0), 0, eng, pools, boot)
-        conn.send(("ready", fam.device, eng.transport().describe()))
+        conn.send(("ready", fam.device, eng.transport().describe(), registered_kinds(eng)))
         conn.recv()  # decode's receiver is waiting
         sender = ep.sender(ROOM)
         sender.send(SRC_PAGES[:3], 0, False, 3 * PAGE)
@@ -142,8 +151,16 @@ def _engine_param(name):
     return pytest.param(name, marks=marks)
 
 
+# the kinds each engine registers SGLang's buffers with: metadata on the host (SGLang's
+# default) or on the GPU (SGLANG_MOONCAKE_CUSTOM_MEM_POOL=INTRA_NODE_NVLINK)
+KINDS = {("mooncake", "cpu"): ["*", "cuda:0"], ("mooncake", "cuda:0"): ["cuda:0"],
+         ("nixl", "cpu"): ["DRAM", "VRAM"], ("nixl", "cuda:0"): ["VRAM"]}
+
+
+@pytest.mark.parametrize("metadata_device", ["cpu", "cuda:0"])
 @pytest.mark.parametrize("engine", [_engine_param(n) for n in ("mooncake", "nixl")])
-def test_a_request_moves_between_two_processes_on_gpu_memory(engine, tmp_path):
+def test_a_request_moves_between_two_processes_on_gpu_memory(engine, metadata_device,
+                                                              tmp_path):
     import time
 
     from pdc.runtime.control import BootstrapServer
@@ -152,7 +169,8 @@ def test_a_request_moves_between_two_processes_on_gpu_memory(engine, tmp_path):
 
     ctx = mp.get_context("spawn")
     a, b = ctx.Pipe()
-    child = ctx.Process(target=_prefill, args=(b, engine, str(tmp_path / "p")), daemon=True)
+    child = ctx.Process(target=_prefill, args=(b, engine, str(tmp_path / "p"),
+                                               metadata_device), daemon=True)
     child.start()
     boot = BootstrapServer(1)
     ep = eng = None
@@ -162,8 +180,11 @@ def test_a_request_moves_between_two_processes_on_gpu_memory(engine, tmp_path):
         ready = a.recv()
         assert ready[0] == "ready", ready
         assert ready[1] == "cuda:0"  # the engine was made for the GPU's memory
-        fam, plan, pools, eng, bufs = _bind(str(tmp_path / "d"), 22, engine, "decode")
+        assert ready[3] == KINDS[(engine, metadata_device)]
+        fam, plan, pools, eng, bufs = _bind(str(tmp_path / "d"), 22, engine, "decode",
+                                            metadata_device)
         assert fam.device == "cuda:0"
+        assert registered_kinds(eng) == KINDS[(engine, metadata_device)]
         before = request_bytes(bufs, DST_PAGES, DST_ROW)
         ep = DecodeEndpoint(fam.layout, fam.wire, plan, RankId(0, 0), 0, eng, pools,
                             boot.address)
@@ -182,7 +203,8 @@ def test_a_request_moves_between_two_processes_on_gpu_memory(engine, tmp_path):
         got = request_bytes(bufs, DST_PAGES, DST_ROW)
         assert got != before
         assert got == msg[3]  # every byte of every page and of the metadata row
-        print(f"{engine}: {len(got)} bytes checked; prefill {ready[2]}; decode "
+        print(f"{engine}, metadata on {metadata_device}: {len(got)} bytes checked; "
+              f"registered as {ready[3]}; prefill {ready[2]}; decode "
               f"{eng.transport().describe()}")
     finally:
         a.send("stop")
@@ -194,17 +216,13 @@ def test_a_request_moves_between_two_processes_on_gpu_memory(engine, tmp_path):
         boot.close()
 
 
-def test_sglang_default_gpu_layout_is_refused_naming_both_kinds(tmp_path):
+def test_sglang_default_gpu_layout_gets_an_engine_for_the_gpu(tmp_path):
     """SGLang's default on a GPU: KV on the GPU, metadata on the host (utils.py:416)."""
     from pdc.integrations.sglang import family as F
     from pdc.runtime.pools import address_device
 
-    args, bufs = sglang_buffers(5, metadata_device="cpu")
+    args, bufs = sglang_buffers(5)
     assert address_device(bufs["kv"][0].data_ptr()) == "cuda:0"
     assert address_device(bufs["aux"][0].data_ptr()) == "cpu"
-    with pytest.raises(F.RefusedModel) as e:
-        F.served_family(_model(str(tmp_path)), args, 1, 0, "bfloat16")
-    assert str(e.value) == (
-        "pdc: specs/sglang-llama.yaml: error: SGLang's buffers of this rank are on 2 devices "
-        "(cpu: SGLang's aux buffer output_ids, cuda:0: SGLang's K buffer of layer 0)\n  hint: "
-        + F.MIXED_HINT)
+    fam = F.served_family(_model(str(tmp_path)), args, 1, 0, "bfloat16")
+    assert (fam.device, fam.engine_kwargs) == ("cuda:0", {"device": "cuda:0"})
