@@ -138,21 +138,23 @@ class RegistrationMismatch(ValueError):
     """An engine-owned tensor does not hold what the plan says its entry holds."""
 
 
-# Note [Two memory kinds]: a rank's pools are host memory, memory of one GPU, or both: a
-# rank has one transfer engine, made for host memory alone (make_engine's `device=`: nothing)
-# or for one GPU ("cuda:N"), and an engine for a GPU registers each region with the kind it
-# lives in, decided per registration (engines/base.py `region_device`, asking the CUDA
-# driver: `address_device`): NIXL as DRAM or VRAM of cuda:N, Mooncake at location "*" (host)
-# or "cuda:N". One NIXL transfer moves one memory type, so a write is split by its sources'
-# kind and each part lands in memory of the same kind on the peer (the two sides of a plan
-# mirror each other: host regions to host regions, the GPU's to the peer's GPU). The
-# integrations pick the engine's device from the memory their serving engine's buffers live
-# in (`engine_device`) and refuse buffers on two GPUs, naming one buffer on each and the spec,
-# instead of registering one GPU's memory as another's and failing at the first transfer; an
-# engine refuses a region of a GPU other than its own. vLLM keeps one worker's caches on its
-# GPU; SGLang keeps its KV pools on the GPU and its metadata buffers (the aux row) on the host
-# (integrations/sglang/family.py, docs/sglang.md). Engines that move one GPU's memory only
-# (cuda_ipc, the local device engine) register no host memory.
+# Note [Two memory kinds]: a rank has one transfer engine, made for host memory alone
+# (make_engine's `device=`: nothing) or for one GPU ("cuda:N"). An engine for a GPU registers
+# each region with the kind it lives in, decided per registration (engines/base.py
+# `region_device`, asking the CUDA driver: `address_device`): NIXL as DRAM or VRAM of cuda:N,
+# Mooncake at location "*" (host) or "cuda:N"; it refuses a region of another GPU. One NIXL
+# transfer moves one memory type, so a write is split by its sources' kind and each part lands
+# in memory of the same kind on the peer (the two sides of a plan mirror each other: host
+# regions to host regions, the GPU's to the peer's GPU). The integrations pick the engine's
+# device from the memory their serving engine's buffers live in (`engine_device`) and refuse
+# buffers on two GPUs, naming one buffer on each and the spec. They also still refuse a rank
+# whose buffers are in both kinds (host and a GPU): the engines' two-kind registrations and
+# split writes are tested with stand-ins for the CUDA driver and the libraries only, and a
+# rank with both kinds moves through them only once tests/integrations/test_sglang_gpu.py's
+# two-kind case has passed on a GPU (docs/sglang.md "GPU memory"). vLLM keeps one worker's
+# caches on its GPU; SGLang keeps its KV pools on the GPU and its metadata buffers (the aux
+# row) on the host unless told otherwise (integrations/sglang/family.py). Engines that move
+# one GPU's memory only (cuda_ipc, the local device engine) register no host memory.
 
 
 def device_name(t) -> str:
@@ -202,19 +204,21 @@ def engine_device(tensors: Mapping[Any, Any], where: str,
                               "worker per device",
                   label=None) -> dict:
     """make_engine's `device=` for the memory `tensors` live in (Note [Two memory kinds]):
-    nothing for host memory, {"device": "cuda:N"} when some are on GPU N (the others on the
-    host). Tensors on several GPUs are refused: `where` locates the refusal (a spec), `owner`
-    says whose buffers they are, `label(key)`, when given, names the first buffer on each
-    GPU."""
+    nothing for host memory, {"device": "cuda:N"} for one GPU's. Tensors on several devices
+    (host and a GPU count as two: not yet proven on a GPU) are refused: `where` locates the
+    refusal (a spec), `owner` says whose buffers they are, `label(key)`, when given, names the
+    first buffer on each device."""
     first: dict[str, Any] = {}
     for key, t in tensors.items():
         first.setdefault(device_name(t), key)
-    gpus = sorted(d for d in first if d != "cpu")
-    if len(gpus) > 1:
-        listed = ", ".join(d if label is None else f"{d}: {label(first[d])}" for d in gpus)
-        raise RegistrationMismatch(f"{where}: error: {owner} are on {len(gpus)} devices "
+    devices = sorted(first)
+    if len(devices) > 1:
+        listed = ", ".join(d if label is None else f"{d}: {label(first[d])}" for d in devices)
+        raise RegistrationMismatch(f"{where}: error: {owner} are on {len(devices)} devices "
                                    f"({listed})\n  hint: {hint}")
-    return {"device": gpus[0]} if gpus else {}
+    if not devices or devices[0] == "cpu":
+        return {}
+    return {"device": devices[0]}
 
 
 class EnginePools(RankPools):

@@ -1,9 +1,9 @@
-"""Note [Two memory kinds] (runtime/pools.py): the engine's device comes from where a rank's
-buffers live (host memory, and at most one GPU); buffers on two GPUs are refused naming one
-on each. CUDA tensors cannot be made on a CPU machine; `engine_device` reads only `.device`,
-so the GPU cases use stand-ins carrying a torch.device (the GPU test is
-tests/integrations/test_sglang_gpu.py). Which kind each engine registration gets is in
-test_region_kinds.py."""
+"""Note [Two memory kinds] (runtime/pools.py): the engine's memory kind and device come from
+where a rank's buffers live; buffers in two kinds, or on two GPUs, are refused naming one of
+each. CUDA tensors cannot be made on a CPU machine; `engine_device` reads only `.device`, so
+the GPU cases use stand-ins carrying a torch.device (the GPU test is
+tests/integrations/test_sglang_gpu.py). Which kind an engine gives each region it registers
+is test_region_kinds.py's."""
 
 from __future__ import annotations
 
@@ -34,19 +34,14 @@ def test_buffers_of_one_gpu_make_an_engine_for_it():
     assert engine_device({"a": on("cuda:2"), "b": "cuda:2"}, "s.yaml") == {"device": "cuda:2"}
 
 
-def test_host_and_gpu_buffers_make_an_engine_for_the_gpu():
+def test_host_and_gpu_buffers_are_refused_naming_one_of_each():
     tensors = {"K of layer 0": on("cuda:0"), "K of layer 1": on("cuda:0"), "row": np.zeros(2)}
-    assert engine_device(tensors, "specs/x.yaml") == {"device": "cuda:0"}
-
-
-def test_two_gpus_and_the_host_are_refused_naming_one_on_each_gpu():
-    tensors = {"row": np.zeros(2), "K of layer 0": on("cuda:1"), "K of layer 1": on("cuda:0")}
     with pytest.raises(RegistrationMismatch) as e:
         engine_device(tensors, "specs/x.yaml", owner="the buffers of this rank",
-                      hint="one GPU per rank", label=str)
+                      hint="one kind per rank", label=str)
     assert str(e.value) == (
-        "specs/x.yaml: error: the buffers of this rank are on 2 devices (cuda:0: K of layer "
-        "1, cuda:1: K of layer 0)\n  hint: one GPU per rank")
+        "specs/x.yaml: error: the buffers of this rank are on 2 devices (cpu: row, cuda:0: K "
+        "of layer 0)\n  hint: one kind per rank")
 
 
 def test_two_gpus_are_refused_with_the_default_words():
