@@ -138,15 +138,23 @@ class RegistrationMismatch(ValueError):
     """An engine-owned tensor does not hold what the plan says its entry holds."""
 
 
-# Note [Two memory kinds]: a rank's pools are all host memory or all memory of one GPU. A
-# transfer engine is made for one kind (make_engine's `device=`: nothing for host memory,
-# "cuda:N" for that GPU's, which NIXL registers as VRAM and Mooncake at location cuda:N), and a
-# rank has one engine, so the integrations pick the engine's kind and device from the memory
-# their serving engine's buffers live in (`engine_device`) and refuse buffers in two kinds or
-# on two GPUs, naming one buffer on each and the spec, instead of registering host memory as a
-# GPU's (or the reverse) and failing at the first transfer. vLLM keeps one worker's caches on
-# its GPU; SGLang keeps its KV pools on the GPU and its metadata buffers (the aux row) on the
-# host unless told otherwise (integrations/sglang/family.py, docs/sglang.md).
+# Note [Two memory kinds]: a rank has one transfer engine, made for host memory alone
+# (make_engine's `device=`: nothing) or for one GPU ("cuda:N"). An engine for a GPU registers
+# each region with the kind it lives in, decided per registration (engines/base.py
+# `region_device`, asking the CUDA driver: `address_device`): NIXL as DRAM or VRAM of cuda:N,
+# Mooncake at location "*" (host) or "cuda:N"; it refuses a region of another GPU. One NIXL
+# transfer moves one memory type, so a write is split by its sources' kind and each part lands
+# in memory of the same kind on the peer (the two sides of a plan mirror each other: host
+# regions to host regions, the GPU's to the peer's GPU). The integrations pick the engine's
+# device from the memory their serving engine's buffers live in (`engine_device`) and refuse
+# buffers on two GPUs, naming one buffer on each and the spec. They also still refuse a rank
+# whose buffers are in both kinds (host and a GPU): the engines' two-kind registrations and
+# split writes are tested with stand-ins for the CUDA driver and the libraries only, and a
+# rank with both kinds moves through them only once tests/integrations/test_sglang_gpu.py's
+# two-kind case has passed on a GPU (docs/sglang.md "GPU memory"). vLLM keeps one worker's
+# caches on its GPU; SGLang keeps its KV pools on the GPU and its metadata buffers (the aux
+# row) on the host unless told otherwise (integrations/sglang/family.py). Engines that move
+# one GPU's memory only (cuda_ipc, the local device engine) register no host memory.
 
 
 def device_name(t) -> str:
@@ -197,9 +205,9 @@ def engine_device(tensors: Mapping[Any, Any], where: str,
                   label=None) -> dict:
     """make_engine's `device=` for the memory `tensors` live in (Note [Two memory kinds]):
     nothing for host memory, {"device": "cuda:N"} for one GPU's. Tensors on several devices
-    (host and a GPU count as two) are refused: `where` locates the refusal (a spec), `owner`
-    says whose buffers they are, `label(key)`, when given, names the first buffer on each
-    device."""
+    (host and a GPU count as two: not yet proven on a GPU) are refused: `where` locates the
+    refusal (a spec), `owner` says whose buffers they are, `label(key)`, when given, names the
+    first buffer on each device."""
     first: dict[str, Any] = {}
     for key, t in tensors.items():
         first.setdefault(device_name(t), key)

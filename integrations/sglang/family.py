@@ -23,9 +23,12 @@ the host (`disaggregation/utils.py:416`), or on the GPU when
 SGLANG_MOONCAKE_CUSTOM_MEM_POOL=INTRA_NODE_NVLINK (`utils.py:425-426`). KVArgs carries
 addresses only, so the backend asks the CUDA driver where each buffer lives
 (`address_device`) and makes its engine for that memory (Note [Two memory kinds] in
-runtime/pools.py): host memory on a CPU server, the GPU's when every buffer is on it. Buffers
-in both kinds are refused at start, naming one of each; views over device buffers are torch
-tensors on that GPU (`_tensor_over`).
+runtime/pools.py): host memory on a CPU server, the GPU's when every buffer is on it. The
+engines can register both kinds for one rank, but a rank with buffers in both (SGLang's
+default GPU layout) is refused at start, naming one of each, until the two-kind case of
+tests/integrations/test_sglang_gpu.py has passed on a GPU; buffers on two GPUs are refused
+too. Views over device buffers are torch tensors on that GPU, over host buffers on the host
+(`_tensor_over`).
 
 Note [SGLang draft state]: with `--speculative-algorithm EAGLE` (EAGLE3, NEXTN: an alias of
 EAGLE) SGLang's PD servers move the draft model's KV beside the target's: the draft's own pool
@@ -477,10 +480,11 @@ def served_device(layout: FamilyLayout, kv_args, locate=address_device) -> str:
     return str(chosen.get("device", ""))
 
 
-MIXED_HINT = ("pdc makes one transfer engine per rank, for host memory or for one GPU's "
-              "(Note [Two memory kinds]); on a GPU SGLang keeps its metadata buffers on the "
-              "host unless SGLANG_MOONCAKE_CUSTOM_MEM_POOL=INTRA_NODE_NVLINK, which puts them "
-              "on the GPU beside the KV pools")
+MIXED_HINT = ("pdc's engines register host memory and one GPU's, but a rank with both is "
+              "refused until proven on a GPU (Note [Two memory kinds]); on a GPU SGLang keeps "
+              "its metadata buffers on the host unless "
+              "SGLANG_MOONCAKE_CUSTOM_MEM_POOL=INTRA_NODE_NVLINK, which puts them on the GPU "
+              "beside the KV pools")
 
 
 def _tensors_of(layout: FamilyLayout, index: str) -> tuple[tuple[str, str], ...]:

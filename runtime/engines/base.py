@@ -210,6 +210,32 @@ def check_region(addr: object, nbytes: object) -> tuple[int, int]:
     return addr_i, nbytes_i
 
 
+def region_device(engine: str, device: int | None, addr: int, nbytes: int, locate) -> int | None:
+    """Note [Two memory kinds] (runtime/pools.py): the memory kind of one region an engine
+    registers, decided per registration. None: host memory; N: memory of GPU N. An engine
+    made for host memory (`device` None) registers host memory only and asks nobody; an
+    engine made for GPU N asks `locate(addr)` ("cpu" or "cuda:M", the CUDA driver's answer,
+    `address_device`) and refuses memory of any other GPU."""
+    if device is None:
+        return None
+    where = locate(addr)
+    if where == "cpu":
+        return None
+    if where != f"cuda:{device}":
+        raise DescriptorError(
+            f"{engine}: register({addr:#x}, {nbytes}): the memory is on {where}, but this "
+            f"engine was made for cuda:{device}; hint: a rank registers host memory and one "
+            f"GPU's (Note [Two memory kinds]), so make one engine per GPU")
+    return device
+
+
+def locate_address(addr: int) -> str:
+    """"cpu" or "cuda:N": where `addr` lives, as the CUDA driver says (runtime/pools.py)."""
+    from ..pools import address_device
+
+    return address_device(addr)
+
+
 class RegionTable:
     """Registered (addr, nbytes) ranges of one process, with a vectorised containment check.
 
@@ -245,6 +271,13 @@ class RegionTable:
 
     def __len__(self) -> int:
         return len(self._ranges)
+
+    def starts_of(self, addr: np.ndarray) -> np.ndarray:
+        """The start of the range holding each address (uint64; callers checked `outside`
+        first, so every address lies in a range)."""
+        starts = np.array([a for a, _ in self.items()], dtype=np.uint64)
+        slot = np.searchsorted(starts, addr, side="right").astype(np.int64) - 1
+        return starts[np.maximum(slot, 0)]
 
     def outside(self, addr: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
         """Indices of descriptors whose [addr, addr+nbytes) is not inside one single range.

@@ -15,15 +15,18 @@ Traps handled here (measured on the 0.3.13.post1 non-cuda wheel, see docs/engine
   batch).
 - A submit that fails returns batch id 0, or 2**64-1 when the peer's segment cannot be opened.
 
-GPU memory (`device="cuda:N"`, the CUDA wheel, e.g. mooncake-transfer-engine-cuda13): regions
-are registered with location "cuda:N". `protocol="auto"` then picks the first transport the
+GPU memory (`device="cuda:N"`, the CUDA wheel, e.g. mooncake-transfer-engine-cuda13): each
+region gets its own location (Note [Two memory kinds] in runtime/pools.py): "cuda:N" for memory
+of that GPU, "*" (Mooncake finds the NUMA node) for host memory, which such an engine registers
+too; memory of another GPU is refused. `protocol="auto"` then picks the first transport the
 wheel installs of "nvlink_intra" (CUDA IPC handles in the segment metadata, one cudaMemcpy per
 descriptor; MC_USE_NVLINK_IPC=1 is set so that it does not try fabric handles, which need an
 IMEX channel) and "tcp" (the CUDA build stages device memory through host buffers).
 `transport()` says which one initialize() accepted (Note [Reported transport]); `report()`
 adds the wheel's SUPPORT_* flags.
-nvlink_intra maps a peer's whole registration from its handle, so each region must start at
-its allocation (cudaMalloc block); `register` refuses an interior address.
+nvlink_intra maps a peer's whole registration from its handle, so each device region must
+start at its allocation (cudaMalloc block); `register` refuses an interior address, and host
+memory, which nvlink_intra does not move (use protocol "tcp" for a rank with both kinds).
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ from .base import (
     TransportInfo,
     as_descriptors,
     check_region,
+    locate_address,
+    region_device,
 )
 
 if TYPE_CHECKING:  # imported when a device region is first checked (it needs ctypes CUDA)
@@ -273,6 +278,8 @@ class MooncakeEngine(TransferEngine):
                 + "; ".join(tried)
             )
         self._engine = engine
+        self._locate = locate_address  # where a region lives (unit tests stand in for CUDA)
+        self._locations: dict[int, str] = {}  # region start -> the location it was given
         self._cuda_driver: CudaDriver | None = None
         self._session = f"{hostname}:{engine.get_rpc_port()}"
         self._protocol, self._hostname = chosen, hostname
@@ -289,14 +296,22 @@ class MooncakeEngine(TransferEngine):
         addr, nbytes = check_region(addr, nbytes)
         with self._lock:
             self._check_open()
+            gpu = region_device(self.name, self._device, addr, nbytes, self._locate)
             if self._device is not None and self._protocol == "nvlink_intra":
+                if gpu is None:
+                    raise DescriptorError(
+                        f"mooncake: register({addr:#x}, {nbytes}): host memory, which "
+                        f"nvlink_intra does not move; hint: make the engine with protocol "
+                        f"'tcp' for a rank with host and GPU memory (Note [Two memory kinds])")
                 self._check_allocation_start(addr)
             self._regions.add(addr, nbytes)
-            location = "*" if self._device is None else f"cuda:{self._device}"
+            location = "*" if gpu is None else f"cuda:{gpu}"
             rc = self._engine.register_memory(addr, nbytes, location)
             if rc != 0:
                 self._regions.remove(addr)
-                raise TransferError(f"mooncake: register_memory({addr:#x}, {nbytes}) -> {rc}")
+                raise TransferError(f"mooncake: register_memory({addr:#x}, {nbytes}, "
+                                    f"{location!r}) -> {rc}")
+            self._locations[addr] = location
 
     def _check_allocation_start(self, addr: int) -> None:
         if self._cuda_driver is None:
@@ -313,13 +328,16 @@ class MooncakeEngine(TransferEngine):
                 f"allocation at {base:#x}; register the allocation (or use protocol='tcp')")
 
     def report(self) -> dict:
-        """The protocol initialize() accepted and the wheel's SUPPORT_* flags."""
-        return {"transport": self._protocol, "device": self._device, **self._flags}
+        """The protocol initialize() accepted, the wheel's SUPPORT_* flags and the location
+        each registered region was given."""
+        return {"transport": self._protocol, "device": self._device, **self._flags,
+                "locations": dict(sorted(self._locations.items()))}
 
     def deregister(self, addr: int) -> None:
         with self._lock:
             self._check_open()
             self._regions.remove(addr)
+            self._locations.pop(int(addr), None)
             rc = self._engine.unregister_memory(int(addr))
             if rc != 0:
                 raise TransferError(f"mooncake: unregister_memory({int(addr):#x}) -> {rc}")

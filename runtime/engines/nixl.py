@@ -3,8 +3,13 @@
 `NixlEngine(device="cuda:0")` registers and moves GPU memory (NIXL's VRAM segments) through
 UCX's CUDA transports: cuda_ipc between processes of one host (NVLink or the same GPU),
 cuda_copy for staging; its environment default is UCX_TLS=cuda_ipc,cuda_copy,tcp (tcp carries
-UCX's own wire-up and active messages). Its agent_info is NIXL's metadata prefixed by the
-device index, which the writer needs to name the peer's memory.
+UCX's own wire-up and active messages and host memory). Its agent_info is NIXL's metadata
+prefixed by the device index, which the writer needs to name the peer's memory.
+Such an engine registers host memory too (Note [Two memory kinds] in runtime/pools.py): each
+region is registered as DRAM or VRAM by where it lives (`register`), and since one NIXL
+descriptor list holds one memory type, `submit_write` splits a write by its sources' kind,
+one transfer per kind, each writing into memory of the same kind on the peer (a host region
+to a host region, the GPU's to the peer's GPU), as the two sides of a plan mirror each other.
 
 Environment defaults, applied with os.environ.setdefault when this engine is first constructed
 (before NIXL is imported) and only for variables that are unset:
@@ -53,6 +58,8 @@ from .base import (
     TransportInfo,
     as_descriptors,
     check_region,
+    locate_address,
+    region_device,
 )
 
 ENV_DEFAULTS = {
@@ -200,6 +207,7 @@ def _backend_hint(exc: Exception) -> str:
 class _Xfer:
     handle: object  # nixl_xfer_handle
     deadline: float  # time.monotonic() after which the batch is cancelled
+    status: str = "PROC"  # "PROC", "DONE" or a failure text
 
 
 class NixlEngine(TransferEngine):
@@ -238,6 +246,8 @@ class NixlEngine(TransferEngine):
         self._agent = _create_agent(api, self._agent_name, int(progress_delay_us))
         self._transfer_timeout_s = float(transfer_timeout_s)
         self._regions = RegionTable()
+        self._locate = locate_address  # where a region lives (unit tests stand in for CUDA)
+        self._vram: set[int] = set()  # starts of the regions registered as VRAM
         self._reg_dlists: dict[int, object] = {}
         self._peers: set[str] = set()
         self._inflight: dict[int, _Xfer] = {}
@@ -251,19 +261,24 @@ class NixlEngine(TransferEngine):
         addr, nbytes = check_region(addr, nbytes)
         with self._lock:
             self._check_open()
+            gpu = region_device(self.name, self._dev, addr, nbytes, self._locate)
             self._regions.add(addr, nbytes)
+            mem = "DRAM" if gpu is None else "VRAM"
             try:
-                dlist = self._agent.register_memory([(addr, nbytes, self._dev or 0, "")],
-                                                    self._mem)
+                dlist = self._agent.register_memory([(addr, nbytes, gpu or 0, "")], mem)
             except self._errors as exc:
                 self._regions.remove(addr)
-                raise TransferError(f"nixl: register({addr:#x}, {nbytes}): {exc!r}") from None
+                raise TransferError(f"nixl: register({addr:#x}, {nbytes}) as {mem}: {exc!r}") \
+                    from None
             self._reg_dlists[addr] = dlist
+            if gpu is not None:
+                self._vram.add(addr)
 
     def deregister(self, addr: int) -> None:
         with self._lock:
             self._check_open()
             self._regions.remove(addr)
+            self._vram.discard(int(addr))
             dlist = self._reg_dlists.pop(int(addr))
             try:
                 self._agent.deregister_memory(dlist)
@@ -324,8 +339,6 @@ class NixlEngine(TransferEngine):
         batch = Batch(
             peer=peer, handles=[], nbytes=int(nbytes_u.sum()), descriptors=int(src_u.size)
         )
-        # device id column: 0 for host memory, the GPU index of each side for VRAM
-        local_dev = np.full_like(src_u, self._dev or 0)
         with self._lock:
             self._check_open()
             if peer not in self._peers:
@@ -337,31 +350,66 @@ class NixlEngine(TransferEngine):
                     f"nixl: source descriptor {i} [{int(src_u[i]):#x}, +{int(nbytes_u[i])}) is "
                     f"not inside memory registered in this process ({outside.size} such)"
                 )
-            remote_dev = np.full_like(src_u, self._peer_dev.get(peer, 0))
-            local = self._agent.get_xfer_descs(np.stack([src_u, nbytes_u, local_dev], 1),
-                                               self._mem)
-            remote = self._agent.get_xfer_descs(np.stack([dst_u, nbytes_u, remote_dev], 1),
-                                                self._mem)
+            handles = []
             try:
-                handle = self._agent.initialize_xfer("WRITE", local, remote, peer)
-            except self._errors as exc:
-                # NOT_FOUND here means a destination outside what the peer registered (as of
-                # the agent_info we hold) or a peer NIXL does not know.
-                raise TransferError(
-                    f"nixl: write to {peer} refused: {exc!r}; every destination must lie inside "
-                    "one region the peer registered before its agent_info() was taken"
-                ) from None
-            try:
-                status = self._agent.transfer(handle)
-            except self._errors as exc:
-                status = f"{exc!r}"
-            if status == "PROC":
-                xfer = _Xfer(handle, time.monotonic() + self._transfer_timeout_s)
+                for mem, pick in self._by_kind(src_u):
+                    handles.append(self._prepare(peer, mem, src_u[pick], dst_u[pick],
+                                                 nbytes_u[pick]))
+            except TransferError:
+                for handle in handles:  # nothing was sent yet
+                    self._release(handle)
+                raise
+            deadline = time.monotonic() + self._transfer_timeout_s
+            for handle in handles:
+                try:
+                    status = self._agent.transfer(handle)
+                except self._errors as exc:
+                    status = f"{exc!r}"
+                xfer = _Xfer(handle, deadline, "PROC" if status == "PROC" else status)
                 batch.handles.append(xfer)
                 self._inflight[id(xfer)] = xfer
-            else:
-                self._end(batch, handle, status)
+            self._settle(batch)
         return batch
+
+    def kinds_of(self, src: object) -> list[tuple[str, int]]:
+        """(memory type, descriptors) of each transfer a write from registered sources `src`
+        becomes, in order (Note [Two memory kinds]): one per kind of their regions."""
+        src_u = np.ascontiguousarray(src, dtype=np.uint64)
+        with self._lock:
+            return [(mem, src_u[pick].size) for mem, pick in self._by_kind(src_u)]
+
+    def _by_kind(self, src_u: np.ndarray) -> list[tuple[str, Any]]:
+        """(memory type, selector of src_u) per kind of the sources' regions, DRAM first."""
+        if not self._vram:
+            return [("DRAM", slice(None))]
+        if len(self._vram) == len(self._regions):
+            return [("VRAM", slice(None))]
+        vram = np.isin(self._regions.starts_of(src_u),
+                       np.fromiter(self._vram, np.uint64, len(self._vram)))
+        if vram.all():
+            return [("VRAM", slice(None))]
+        if not vram.any():
+            return [("DRAM", slice(None))]
+        return [("DRAM", ~vram), ("VRAM", vram)]
+
+    def _prepare(self, peer: str, mem: str, src: np.ndarray, dst: np.ndarray,
+                 nbytes: np.ndarray) -> object:
+        """An initialized WRITE of `mem` memory into the peer's memory of the same kind."""
+        # device id column: 0 for host memory, the GPU index of each side for VRAM
+        vram = mem == "VRAM"
+        local_dev = np.full_like(src, (self._dev or 0) if vram else 0)
+        remote_dev = np.full_like(src, self._peer_dev.get(peer, 0) if vram else 0)
+        local = self._agent.get_xfer_descs(np.stack([src, nbytes, local_dev], 1), mem)
+        remote = self._agent.get_xfer_descs(np.stack([dst, nbytes, remote_dev], 1), mem)
+        try:
+            return self._agent.initialize_xfer("WRITE", local, remote, peer)
+        except self._errors as exc:
+            # NOT_FOUND here means a destination outside what the peer registered (as of
+            # the agent_info we hold) or a peer NIXL does not know.
+            raise TransferError(
+                f"nixl: write to {peer} refused: {exc!r}; every destination must lie inside "
+                f"one region the peer registered as {mem} before its agent_info() was taken"
+            ) from None
 
     def poll(self, batch: Batch) -> BatchState:
         if batch.state is not BatchState.PENDING:
@@ -369,35 +417,41 @@ class NixlEngine(TransferEngine):
         with self._lock:
             if batch.state is not BatchState.PENDING:  # another thread finished it
                 return batch.state
-            xfer = batch.handles[0] if batch.handles else None
-            if not isinstance(xfer, _Xfer):
+            xfers = [x for x in batch.handles if isinstance(x, _Xfer)]
+            if not xfers:
                 raise DescriptorError("nixl: this Batch was not submitted by a NixlEngine")
-            if self._closed or id(xfer) not in self._inflight:
+            if self._closed or any(id(x) not in self._inflight for x in xfers):
                 batch.reason = "engine closed while the batch was in flight"
                 batch.state = BatchState.FAILED
                 return batch.state
-            try:
-                status = self._agent.check_xfer_state(xfer.handle)
-            except self._errors as exc:
-                status = f"{exc!r}"
-            if status == "PROC":
-                if time.monotonic() < xfer.deadline:
-                    return BatchState.PENDING
-                status = (
-                    f"no completion within {self._transfer_timeout_s:.1f} s "
-                    "(peer hung or network stalled); cancelled"
-                )
-            del self._inflight[id(xfer)]
-            self._end(batch, xfer.handle, status)
+            for xfer in xfers:
+                if xfer.status != "PROC":
+                    continue
+                try:
+                    xfer.status = self._agent.check_xfer_state(xfer.handle)
+                except self._errors as exc:
+                    xfer.status = f"{exc!r}"
+                if xfer.status == "PROC" and time.monotonic() >= xfer.deadline:
+                    xfer.status = (f"no completion within {self._transfer_timeout_s:.1f} s "
+                                   "(peer hung or network stalled); cancelled")
+            self._settle(batch)
         return batch.state
 
-    def _end(self, batch: Batch, handle: object, status: str) -> None:
-        """Releases the handle and records the outcome; status is "DONE" or a failure text."""
-        released = self._release(handle)
-        if status == "DONE":
+    def _settle(self, batch: Batch) -> None:
+        """Ends the batch once each of its transfers is DONE or one failed (the others are
+        then cancelled), releasing every handle; leaves it PENDING otherwise."""
+        xfers = batch.handles
+        failed = next((x.status for x in xfers if x.status not in ("PROC", "DONE")), None)
+        if failed is None and any(x.status == "PROC" for x in xfers):
+            return
+        released = True
+        for xfer in xfers:
+            if self._inflight.pop(id(xfer), None) is not None:
+                released &= self._release(xfer.handle)
+        if failed is None:
             batch.state = BatchState.DONE
             return
-        reason = "NIXL reported ERR" if status == "ERR" else status
+        reason = "NIXL reported ERR" if failed == "ERR" else failed
         if not released:
             reason += "; the transfer handle could not be cancelled and was leaked"
         batch.reason = reason
@@ -444,6 +498,7 @@ class NixlEngine(TransferEngine):
                 except self._errors:
                     pass
             self._reg_dlists.clear()
+            self._vram.clear()
             self._regions = RegionTable()
             self._agent = None
 

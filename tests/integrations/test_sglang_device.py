@@ -1,7 +1,8 @@
 """The SGLang backend's engine memory (Note [SGLang memory kinds] in
 integrations/sglang/family.py): host memory on a CPU server, the GPU's when every buffer SGLang
 registers is on it, refused when SGLang keeps KV on a GPU and its metadata on the host (its
-default there). KVArgs carry addresses only; on this CPU machine the addresses are numpy
+default there, until the engines' two-kind registrations have run on a GPU: Note [Two memory
+kinds]). KVArgs carry addresses only; on this CPU machine the addresses are numpy
 buffers and `locate` stands in for the CUDA driver's answer (the real one runs in
 tests/integrations/test_sglang_gpu.py on a GPU)."""
 
@@ -46,10 +47,10 @@ def test_sglangs_default_gpu_layout_is_refused_naming_a_buffer_of_each_kind(serv
     assert str(e.value) == (
         "pdc: specs/sglang-llama.yaml: error: SGLang's buffers of this rank are on 2 devices "
         "(cpu: SGLang's aux buffer output_ids, cuda:0: SGLang's K buffer of layer 0)\n"
-        "  hint: pdc makes one transfer engine per rank, for host memory or for one GPU's "
-        "(Note [Two memory kinds]); on a GPU SGLang keeps its metadata buffers on the host "
-        "unless SGLANG_MOONCAKE_CUSTOM_MEM_POOL=INTRA_NODE_NVLINK, which puts them on the GPU "
-        "beside the KV pools")
+        "  hint: pdc's engines register host memory and one GPU's, but a rank with both is "
+        "refused until proven on a GPU (Note [Two memory kinds]); on a GPU SGLang keeps its "
+        "metadata buffers on the host unless SGLANG_MOONCAKE_CUSTOM_MEM_POOL=INTRA_NODE_NVLINK, "
+        "which puts them on the GPU beside the KV pools")
 
 
 def test_kv_on_two_gpus_is_refused(served):

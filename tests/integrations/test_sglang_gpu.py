@@ -10,11 +10,17 @@ and the NHD layout,
   second; KVArgs list K of every layer then V, each `size + page_size` rows, a page's bytes per
   item (`get_contiguous_buf_infos`, memory_pool.py:2775-2789);
 - metadata (`disaggregation/utils.py:436-494`, MetadataBuffers, in get_buf_infos order):
-  on the GPU as SGLANG_MOONCAKE_CUSTOM_MEM_POOL=INTRA_NODE_NVLINK puts them
-  (`utils.py:425-426`), on the host by default (`utils.py:416`), which the backend refuses.
+  plain `torch.zeros` on the host by default (`utils.py:416`), on the GPU as
+  SGLANG_MOONCAKE_CUSTOM_MEM_POOL=INTRA_NODE_NVLINK puts them (`utils.py:425-426`).
 The KVArgs built from them go through the backend's own code: `served_family` (binding, the
-memory kind), `engine_pools`, and an engine made with `ServedFamily.engine_kwargs`, as
-PdcKVManager does; then pdc's endpoints move the request, in two chunks.
+engine's GPU), `engine_pools`, and an engine made with `ServedFamily.engine_kwargs`, as
+PdcKVManager does, which registers each buffer with its own memory kind (Note [Two memory
+kinds] in runtime/pools.py); then pdc's endpoints move the request, in two chunks.
+The backend still refuses SGLang's default layout (buffers in both kinds) until the two-kind
+case here has passed on a GPU: that case binds the family from a copy of the metadata on the
+GPU (the same layout; `served_family` would refuse the host addresses) and drives the engine
+and the pools over SGLang's real buffers, host metadata included, as the backend will once
+it accepts them.
 
     pytest -q tests/integrations/test_sglang_gpu.py   # on a CUDA machine with the engines
 """
@@ -47,7 +53,7 @@ _HAVE = {"mooncake": importlib.util.find_spec("mooncake") is not None,
          "nixl": any(importlib.util.find_spec(m) for m in ("nixl_cu12", "nixl_cu13", "nixl"))}
 
 
-def sglang_buffers(seed: int, metadata_device: str = "cuda:0"):
+def sglang_buffers(seed: int, metadata_device: str = "cpu"):
     """(KVArgs, tensors) as SGLang's MHATokenToKVPool and MetadataBuffers allocate them."""
     g = torch.Generator(device="cuda:0").manual_seed(seed)
     rows = PAGES * PAGE + PAGE
@@ -81,20 +87,32 @@ def _model(tmp: str) -> str:
     return tmp
 
 
-def _bind(tmp: str, seed: int, engine: str, side_name: str):
-    """The backend's path: served family (memory kind), plan, SGLang's pools, engine."""
+def _bind(tmp: str, seed: int, engine: str, side_name: str, metadata_device: str):
+    """The backend's path: served family (the engine's GPU), plan, SGLang's pools, engine."""
     from pdc.integrations.sglang import family as F
     from pdc.runtime.engines import make_engine
     from pdc.runtime.plan_types import RankId
 
-    args, bufs = sglang_buffers(seed)
-    fam = F.served_family(_model(tmp), args, 1, 0, "bfloat16")
+    args, bufs = sglang_buffers(seed, metadata_device)
+    binding = args
+    if metadata_device == "cpu":  # refused by served_family until this case has passed
+        on_gpu = [t.to("cuda:0") for t in bufs["aux"]]
+        binding = SimpleNamespace(**{**vars(args),
+                                     "aux_data_ptrs": [t.data_ptr() for t in on_gpu]})
+    fam = F.served_family(_model(tmp), binding, 1, 0, "bfloat16")
     one = F.side(1, 1, 1, PAGE)
     plan = F.make_plan(fam.family, one, one, engine)
     pools = F.engine_pools(fam.layout, plan, side_name, RankId(0, 0), args, fam.kv_dtype)
     kwargs = {"hostname": "127.0.0.1"} if engine == "mooncake" else {}
     eng = make_engine(engine, **kwargs, **fam.engine_kwargs)
     return fam, plan, pools, eng, bufs
+
+
+def registered_kinds(eng) -> list[str]:
+    """The memory kinds the engine registered its regions with (Mooncake: locations)."""
+    if eng.name == "mooncake":
+        return sorted(set(eng.report()["locations"].values()))
+    return sorted({"VRAM" if a in eng._vram else "DRAM" for a, _ in eng._regions.items()})
 
 
 def request_bytes(bufs, pages, row) -> bytes:
@@ -106,7 +124,7 @@ def request_bytes(bufs, pages, row) -> bytes:
     return b"".join(p.numpy().tobytes() for p in parts)
 
 
-def _prefill(conn, engine: str, tmp: str) -> None:
+def _prefill(conn, engine: str, tmp: str, metadata_device: str) -> None:
     try:
         import time
 
@@ -114,9 +132,9 @@ def _prefill(conn, engine: str, tmp: str) -> None:
         from pdc.runtime.plan_types import RankId
 
         boot = conn.recv()
-        fam, plan, pools, eng, bufs = _bind(tmp, 11, engine, "prefill")
+        fam, plan, pools, eng, bufs = _bind(tmp, 11, engine, "prefill", metadata_device)
         ep = PrefillEndpoint(fam.layout, fam.wire, plan, RankId(0, 0), 0, eng, pools, boot)
-        conn.send(("ready", fam.device, eng.transport().describe()))
+        conn.send(("ready", fam.device, eng.transport().describe(), registered_kinds(eng)))
         conn.recv()  # decode's receiver is waiting
         sender = ep.sender(ROOM)
         sender.send(SRC_PAGES[:3], 0, False, 3 * PAGE)
@@ -142,8 +160,16 @@ def _engine_param(name):
     return pytest.param(name, marks=marks)
 
 
+# the kinds each engine registers SGLang's buffers with: metadata on the host (SGLang's
+# default) or on the GPU (SGLANG_MOONCAKE_CUSTOM_MEM_POOL=INTRA_NODE_NVLINK)
+KINDS = {("mooncake", "cpu"): ["*", "cuda:0"], ("mooncake", "cuda:0"): ["cuda:0"],
+         ("nixl", "cpu"): ["DRAM", "VRAM"], ("nixl", "cuda:0"): ["VRAM"]}
+
+
+@pytest.mark.parametrize("metadata_device", ["cpu", "cuda:0"])
 @pytest.mark.parametrize("engine", [_engine_param(n) for n in ("mooncake", "nixl")])
-def test_a_request_moves_between_two_processes_on_gpu_memory(engine, tmp_path):
+def test_a_request_moves_between_two_processes_on_gpu_memory(engine, metadata_device,
+                                                              tmp_path):
     import time
 
     from pdc.runtime.control import BootstrapServer
@@ -152,7 +178,8 @@ def test_a_request_moves_between_two_processes_on_gpu_memory(engine, tmp_path):
 
     ctx = mp.get_context("spawn")
     a, b = ctx.Pipe()
-    child = ctx.Process(target=_prefill, args=(b, engine, str(tmp_path / "p")), daemon=True)
+    child = ctx.Process(target=_prefill, args=(b, engine, str(tmp_path / "p"),
+                                               metadata_device), daemon=True)
     child.start()
     boot = BootstrapServer(1)
     ep = eng = None
@@ -162,8 +189,11 @@ def test_a_request_moves_between_two_processes_on_gpu_memory(engine, tmp_path):
         ready = a.recv()
         assert ready[0] == "ready", ready
         assert ready[1] == "cuda:0"  # the engine was made for the GPU's memory
-        fam, plan, pools, eng, bufs = _bind(str(tmp_path / "d"), 22, engine, "decode")
+        assert ready[3] == KINDS[(engine, metadata_device)]
+        fam, plan, pools, eng, bufs = _bind(str(tmp_path / "d"), 22, engine, "decode",
+                                            metadata_device)
         assert fam.device == "cuda:0"
+        assert registered_kinds(eng) == KINDS[(engine, metadata_device)]
         before = request_bytes(bufs, DST_PAGES, DST_ROW)
         ep = DecodeEndpoint(fam.layout, fam.wire, plan, RankId(0, 0), 0, eng, pools,
                             boot.address)
@@ -182,7 +212,8 @@ def test_a_request_moves_between_two_processes_on_gpu_memory(engine, tmp_path):
         got = request_bytes(bufs, DST_PAGES, DST_ROW)
         assert got != before
         assert got == msg[3]  # every byte of every page and of the metadata row
-        print(f"{engine}: {len(got)} bytes checked; prefill {ready[2]}; decode "
+        print(f"{engine}, metadata on {metadata_device}: {len(got)} bytes checked; "
+              f"registered as {ready[3]}; prefill {ready[2]}; decode "
               f"{eng.transport().describe()}")
     finally:
         a.send("stop")
@@ -199,7 +230,7 @@ def test_sglang_default_gpu_layout_is_refused_naming_both_kinds(tmp_path):
     from pdc.integrations.sglang import family as F
     from pdc.runtime.pools import address_device
 
-    args, bufs = sglang_buffers(5, metadata_device="cpu")
+    args, bufs = sglang_buffers(5)
     assert address_device(bufs["kv"][0].data_ptr()) == "cuda:0"
     assert address_device(bufs["aux"][0].data_ptr()) == "cpu"
     with pytest.raises(F.RefusedModel) as e:

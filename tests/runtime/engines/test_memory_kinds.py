@@ -2,7 +2,8 @@
 where a rank's buffers live; buffers in two kinds, or on two GPUs, are refused naming one of
 each. CUDA tensors cannot be made on a CPU machine; `engine_device` reads only `.device`, so
 the GPU cases use stand-ins carrying a torch.device (the GPU test is
-tests/integrations/test_sglang_gpu.py)."""
+tests/integrations/test_sglang_gpu.py). Which kind an engine gives each region it registers
+is test_region_kinds.py's."""
 
 from __future__ import annotations
 
