@@ -54,6 +54,11 @@ SHIM_FAULT = {"qwen3-next": "fused_sigmoid_gating_delta_rule_update_cpu",
               "deepseek-mla": "decode_attention_cpu"}
 # integrations/sglang/faults.py: the transfer a negative control gets wrong, by room
 WRONG_ROOM = 7_000_011
+# The negative control's prompt, sent by no other request: the neighbouring slot or page the
+# fault reads then never holds a stale copy of this prompt's own state (with PROMPTS[0], the
+# slot before could be the one an earlier request of the same 7 tokens left, and the tokens
+# stayed right: seen once in 4 CI runs at TP 2 -> 1).
+CONTROL = [3 + (t - 2) % 509 for t in PROMPTS[0]]  # each id + 1, inside 3..511 as mixed_prompts
 TRANSFER_FAULT = {"qwen3-next": "wrong_slot", "deepseek-mla": "wrong_page"}
 
 
@@ -82,6 +87,7 @@ def plain(family, model, workdir):
                            extra_env={"PDC_SGL_SHIM_FAULT": f"@{flag}"})
     try:
         results = H.run_prompts(server.url, PROMPTS, NEW_TOKENS, in_flight=4)
+        control = H.run_prompts(server.url, [CONTROL], NEW_TOKENS, in_flight=1)
         with open(flag, "w") as f:
             f.write(SHIM_FAULT[family])
         broken = H.run_prompts(server.url, PROMPTS[:2], NEW_TOKENS, in_flight=2)
@@ -89,9 +95,9 @@ def plain(family, model, workdir):
         mended = H.run_prompts(server.url, PROMPTS[:2], NEW_TOKENS, in_flight=2)
     finally:
         server.stop()
-    assert [r.error for r in results + broken + mended] == [""] * 12
+    assert [r.error for r in results + control + broken + mended] == [""] * 13
     return {"tokens": [r.tokens for r in results], "broken": [r.tokens for r in broken],
-            "mended": [r.tokens for r in mended]}
+            "mended": [r.tokens for r in mended], "control": control[0].tokens}
 
 
 # A served token may trail transformers' best logit by this much, teacher-forced on the served
@@ -189,12 +195,12 @@ def _direct(pair: H.PDPair, prompt: list[int], room: int):
 
 def test_a_wrong_slot_or_latent_page_changes_the_tokens(family, pair, plain):
     # the negative control of the identity above: a well-formed transfer of the wrong state
-    # (faults.py; pdc's checks cannot see it) must show in the tokens. Prompt 0 is 7 tokens:
+    # (faults.py; pdc's checks cannot see it) must show in the tokens. CONTROL, like prompt 0, is 7 tokens:
     # its one page is all of its context, its slot all of its history. (A wrong first page of
     # a 300-token prompt is 16 positions of 300 that a random model's nearly flat attention
     # weighs alike: measured 2026-12-03, it changed the tokens over NIXL, not over Mooncake.)
-    wrong = _direct(pair, PROMPTS[0], WRONG_ROOM)
+    wrong = _direct(pair, CONTROL, WRONG_ROOM)
     assert wrong.error == ""
-    assert wrong.tokens != plain["tokens"][0]
-    right = _direct(pair, PROMPTS[0], WRONG_ROOM + 1)
-    assert (right.error, right.tokens) == ("", plain["tokens"][0])
+    assert wrong.tokens != plain["control"]
+    right = _direct(pair, CONTROL, WRONG_ROOM + 1)
+    assert (right.error, right.tokens) == ("", plain["control"])
