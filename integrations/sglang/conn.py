@@ -88,6 +88,7 @@ from .family import (
 )
 from .faults import apply as apply_faults
 from .faults import apply_slot as apply_slot_fault
+from .regions import state_entry
 
 logger = logging.getLogger(__name__)
 
@@ -130,13 +131,9 @@ def _slot(state_indices, state_types=None) -> int:
     """The request's mamba slot from SGLang's `state_indices` (one entry per state type of
     KVArgs.state_types, the mamba one an array holding the slot; Note [SGLang mamba state] in
     family.py), or -1 when the model keeps no slot state; a DSA pool's pages are no slot."""
-    kinds = [str(getattr(t, "value", t)) for t in state_types or ()]
-    for i, entry in enumerate(state_indices or ()):
-        if kinds and (i >= len(kinds) or kinds[i] != "mamba"):
-            continue
-        if entry is not None and len(entry):
-            return int(entry[0])
-    return -1
+    entries = [state_entry(state_indices, state_types, "mamba")] if state_types else \
+        list(state_indices or ())
+    return next((int(e[0]) for e in entries if e is not None and len(e)), -1)
 
 
 def parallel_layout(server_args):

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from pdc.runtime.layout_types import FamilyLayout
 
-from .regions import RefusedModel, Region
+from .regions import RefusedModel, Region, state_entry
 
 DSA_INDEX = ("index_k", "draft_index_k")  # the target's, the draft's: Note [SGLang DSA indexer keys]
 WHERE = "state type 'dsa': a DSATokenToKVPool's indexer keys"
@@ -89,10 +89,8 @@ def check_registered(types: list[str], layout: FamilyLayout | None) -> None:
 
 def dsa_pages(state_indices, state_types) -> list[int] | None:
     """The request's pages in SGLang's "dsa" entry of `state_indices`, None without one."""
-    for kind, entry in zip(state_types or (), state_indices or (), strict=False):
-        if str(getattr(kind, "value", kind)) == "dsa" and entry is not None:
-            return [int(x) for x in entry]
-    return None
+    entry = state_entry(state_indices, state_types, "dsa")
+    return None if entry is None else [int(x) for x in entry]
 
 
 def page_list_error(dsa: list[int] | None, pages: list[int]) -> str:

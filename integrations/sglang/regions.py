@@ -18,3 +18,12 @@ class Region:
     item_bytes: int
     what: str  # in SGLang's words, for messages
     device: str = "cpu"  # "cuda:N" for a GPU's memory (Note [SGLang memory kinds])
+
+
+def state_entry(state_indices, state_types, kind: str):
+    """The entry of `state_indices` (one per KVArgs.state_types) whose state type is `kind`
+    ("mamba", "dsa", ...), None when SGLang registered none of that type."""
+    for t, entry in zip(state_types or (), state_indices or (), strict=False):
+        if str(getattr(t, "value", t)) == kind:
+            return entry
+    return None
