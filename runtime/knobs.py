@@ -103,7 +103,17 @@ KNOBS = {k.name: k for k in (
          "CUDA. Host pools always use numpy"),
     Knob("staging_arena_bytes", 512 << 20, "bytes", "registered staging arena of each rank "
          "(decode: regions it hands to prefill; prefill: gather buffers); 0 turns the staged "
-         "path off. A request whose region does not fit on decode takes the direct path"),
+         "path off. A request whose region does not fit on decode moves through a ring of slots "
+         "(staging_ring_slots); with no ring either, the direct path"),
+    Knob("staging_ring_slots", 4, "slots", "slots of the ring a staged request takes when its "
+         "whole region does not fit in decode's arena (Note [Staging ring] in "
+         "runtime/staging_ring.py): prefill fills slot after slot, decode scatters and frees "
+         "each; fewer when the arena holds fewer; 0 turns rings off (such a request takes the "
+         "direct path, as before 2026-12-05)"),
+    Knob("staging_ring_slot_bytes", 8 << 20, "bytes", "most bytes of one ring slot (one "
+         "piece, one write and one message each way); smaller when the arena's largest free "
+         "stretch cannot hold staging_ring_slots of them, never below one item of the "
+         "link's largest staging block"),
     # ~~~ observability ~~~
     Knob("transfer_log", 0, "0/1", "1: one JSON line per finished request and side on the "
          "`pdc.transfer` logger (bytes, descriptors, bootstrap/wait/transfer ms, GB/s; "

@@ -33,6 +33,7 @@ Prometheus metrics (labels: `side` prefill/decode, `rank` e.g. `dp0.pp0.tp1`, `e
 | `pdc:kv_transfer_descriptors_total` | counter | descriptors submitted (prefill), or submitted for it by the prefill ranks (decode) |
 | `pdc:kv_transfer_requests_total` | counter | finished requests, by `outcome` ok/failed |
 | `pdc:kv_transfer_failed_total` | counter | failed requests |
+| `pdc:kv_transfer_staging_ring_waits_total` | counter | times a staged piece waited for a free slot of decode's ring (prefill; Note [Staging ring] in runtime/staging_ring.py) |
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ class TransferRecord:
     generation: int = 0  # prefill: the use's generation (0 until decode asked); decode: its own
     t_arrived: float = 0.0  # decode: the serving engine first saw the request (0 = not told)
     t_forward_done: float = 0.0  # prefill: the forward wrote the last chunk (0 = unset)
+    ring_waits: int = 0  # prefill: times a staged piece waited for a free ring slot
 
     @property
     def bootstrap_ms(self) -> float:
@@ -216,6 +218,9 @@ class TransferMetrics:
                                  (*labels, "outcome"), registry=self.registry)
         self._failed = Counter("pdc:kv_transfer_failed", "failed requests", labels,
                                registry=self.registry)
+        self._ring_waits = Counter("pdc:kv_transfer_staging_ring_waits",
+                                   "staged pieces that waited for a free ring slot", labels,
+                                   registry=self.registry)
         self._server: Any = None  # prometheus_client's WSGIServer once serve() ran
 
     def observe(self, rec: TransferRecord) -> None:
@@ -230,6 +235,8 @@ class TransferMetrics:
             if rec.t_bootstrap_done:
                 self._bootstrap.labels(*lv).observe(rec.bootstrap_ms)
             self._descriptors.labels(*lv).inc(rec.descriptors)
+            if rec.ring_waits:
+                self._ring_waits.labels(*lv).inc(rec.ring_waits)
             if rec.ok:
                 self._bytes.labels(*lv).inc(rec.bytes)
                 self._total_mb.labels(*lv).observe(rec.bytes / 1e6)

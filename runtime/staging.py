@@ -221,11 +221,14 @@ def merge_descriptors(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray):
     return src[starts], dst[starts], sums
 
 
+ALIGN = 64  # bytes: arena regions start and end on this
+
+
 class Arena:
     """First-fit allocator over one registered staging buffer: a numpy array, or a torch
     tensor from TensorPools.new_bytes for device pools."""
 
-    ALIGN = 64
+    ALIGN = ALIGN
 
     def __init__(self, nbytes: int, buf=None):
         self.buf = np.zeros(max(nbytes, self.ALIGN), np.uint8) if buf is None else buf
@@ -260,6 +263,13 @@ class Arena:
     def view(self, offset: int, nbytes: int) -> np.ndarray:
         return self.buf[offset:offset + nbytes]
 
+    def largest(self) -> int:
+        """Bytes of the largest free stretch (what one alloc can get at most)."""
+        return max((sz for _, sz in self.free), default=0)
+
+    def whole(self) -> bool:
+        """Every byte is free (no region is reserved)."""
+        return self.free == [(0, len(self.buf))]
 
 
 def family_kernels(layout: FamilyLayout):

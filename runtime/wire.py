@@ -74,6 +74,7 @@ from .wire_messages import (
     WireError,
     registration_sections,
 )
+from .wire_ring import MAX_RING_BLOCKS, RingFilled, RingFreed
 
 __all__ = [
     "ENTRY_BYTES",
@@ -83,6 +84,7 @@ __all__ = [
     "MAX_INSTANCE_BYTES",
     "MAX_PAGE_IDS",
     "MAX_REASON_BYTES",
+    "MAX_RING_BLOCKS",
     "MAX_SECTION_ENTRIES",
     "NO_INDEX",
     "PLAN_DIGEST_BYTES",
@@ -98,6 +100,8 @@ __all__ = [
     "PeerSide",
     "RankId",
     "Reader",
+    "RingFilled",
+    "RingFreed",
     "RegEntry",
     "Register",
     "Section",

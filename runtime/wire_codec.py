@@ -47,6 +47,7 @@ from .wire_messages import (
     _names,
     _uint,
 )
+from .wire_ring import MAX_RING_BLOCKS, RingFilled, RingFreed
 
 # ~~~ Reader / Writer ~~~
 
@@ -313,6 +314,7 @@ def _write_transfer_request(w: Writer, m: TransferRequest, _c: object) -> None:
     w.i64("TransferRequest.aux_row", m.aux_row)
     w.u64("TransferRequest.staging_addr", m.staging_addr)
     w.u64("TransferRequest.staging_bytes", m.staging_bytes)
+    w.u32("TransferRequest.staging_slots", m.staging_slots)
     w.i64_array("TransferRequest.dst_page_ids", m.dst_page_ids)
     w.i64_array("TransferRequest.window_page_ids", m.window_page_ids)
     w.i64_array("TransferRequest.layer_slots", m.layer_slots)
@@ -331,6 +333,7 @@ def _read_transfer_request(r: Reader, _c: object) -> TransferRequest:
         aux_row=r.i64("TransferRequest.aux_row"),
         staging_addr=r.u64("TransferRequest.staging_addr"),
         staging_bytes=r.u64("TransferRequest.staging_bytes"),
+        staging_slots=r.u32("TransferRequest.staging_slots"),
         dst_page_ids=r.i64_array("TransferRequest.dst_page_ids.count", MAX_PAGE_IDS),
         window_page_ids=r.i64_array("TransferRequest.window_page_ids.count", MAX_PAGE_IDS),
         layer_slots=r.i64_array("TransferRequest.layer_slots.count", MAX_PAGE_IDS),
@@ -418,6 +421,41 @@ def _read_heartbeat(r: Reader, _c: object) -> Heartbeat:
                      sequence=sequence, monotonic_ns=monotonic_ns)
 
 
+def _write_ring_filled(w: Writer, m: RingFilled, _c: object) -> None:
+    w.u64("RingFilled.room", m.room)
+    w.u32("RingFilled.generation", m.generation)
+    w.u16("RingFilled.prefill_rank.pp", m.prefill_rank.pp)
+    w.u16("RingFilled.prefill_rank.tp", m.prefill_rank.tp)
+    w.u32("RingFilled.slot", m.slot)
+    w.u64("RingFilled.first_item", m.first_item)
+    w.u32("RingFilled.items", m.items)
+    w.i64_array("RingFilled.blocks", m.blocks)
+
+
+def _read_ring_filled(r: Reader, _c: object) -> RingFilled:
+    return RingFilled(room=r.u64("RingFilled.room"), generation=r.u32("RingFilled.generation"),
+                      prefill_rank=RankId(r.u16("RingFilled.prefill_rank.pp"),
+                                          r.u16("RingFilled.prefill_rank.tp")),
+                      slot=r.u32("RingFilled.slot"), first_item=r.u64("RingFilled.first_item"),
+                      items=r.u32("RingFilled.items"),
+                      blocks=r.i64_array("RingFilled.blocks.count", MAX_RING_BLOCKS))
+
+
+def _write_ring_freed(w: Writer, m: RingFreed, _c: object) -> None:
+    w.u64("RingFreed.room", m.room)
+    w.u32("RingFreed.generation", m.generation)
+    w.u16("RingFreed.decode_rank.pp", m.decode_rank.pp)
+    w.u16("RingFreed.decode_rank.tp", m.decode_rank.tp)
+    w.u32("RingFreed.slot", m.slot)
+
+
+def _read_ring_freed(r: Reader, _c: object) -> RingFreed:
+    return RingFreed(room=r.u64("RingFreed.room"), generation=r.u32("RingFreed.generation"),
+                     decode_rank=RankId(r.u16("RingFreed.decode_rank.pp"),
+                                        r.u16("RingFreed.decode_rank.tp")),
+                     slot=r.u32("RingFreed.slot"))
+
+
 _Codec = tuple[MessageType, Callable[..., None], Callable[..., Any]]
 _CODECS: dict[type, _Codec] = {
     Register: (MessageType.REGISTER, _write_register, _read_register),
@@ -427,6 +465,8 @@ _CODECS: dict[type, _Codec] = {
     Abort: (MessageType.ABORT, _write_abort, _read_abort),
     AbortAck: (MessageType.ABORT_ACK, _write_abort_ack, _read_abort_ack),
     Heartbeat: (MessageType.HEARTBEAT, _write_heartbeat, _read_heartbeat),
+    RingFilled: (MessageType.RING_FILLED, _write_ring_filled, _read_ring_filled),
+    RingFreed: (MessageType.RING_FREED, _write_ring_freed, _read_ring_freed),
 }
 _READERS = {mtype: read for mtype, _, read in _CODECS.values()}
 

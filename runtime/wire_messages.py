@@ -15,7 +15,7 @@ import numpy as np
 from .plan_types import RankId
 
 WIRE_MAGIC = b"PDCW"
-WIRE_VERSION = 3  # 3: TransferRequest.layer_slots
+WIRE_VERSION = 4  # 3: TransferRequest.layer_slots; 4: staging rings (runtime/wire_ring.py)
 
 # magic, version, type, flags, fingerprint, body length, crc32
 _HEADER = struct.Struct("<4sHBBQII")
@@ -71,6 +71,8 @@ class MessageType(enum.IntEnum):
     ABORT = 4
     ABORT_ACK = 5
     HEARTBEAT = 6
+    RING_FILLED = 7  # runtime/wire_ring.py
+    RING_FREED = 8
 
 
 class PeerSide(enum.IntEnum):
@@ -328,6 +330,9 @@ class TransferRequest:
     # registered staging arena for this request and this prefill rank; 0 bytes = direct path.
     staging_addr: int = 0
     staging_bytes: int = 0
+    # 0: the region holds the whole request; n > 0: it is a ring of n equal slots that the
+    # request moves through piece by piece (Note [Staging ring] in runtime/staging_ring.py).
+    staging_slots: int = 0
     dst_page_ids: np.ndarray = field(default_factory=_empty_ids)  # one per absolute page position
     window_page_ids: np.ndarray = field(default_factory=_empty_ids)  # sliding-window pages
     # Note [Layer slots] in runtime/indices.py: layer id, slot, layer id, slot, ... for a
@@ -348,6 +353,11 @@ class TransferRequest:
         addr, nbytes = _staging("TransferRequest", self.staging_addr, self.staging_bytes)
         s(self, "staging_addr", addr)
         s(self, "staging_bytes", nbytes)
+        slots = _uint("TransferRequest.staging_slots", self.staging_slots, _U32)
+        if slots and (not nbytes or nbytes % slots):
+            raise WireError("TransferRequest.staging_slots",
+                            f"{slots} slots do not split a region of {nbytes} bytes evenly")
+        s(self, "staging_slots", slots)
         s(self, "dst_page_ids", _id_array("TransferRequest.dst_page_ids", self.dst_page_ids))
         s(self, "window_page_ids",
           _id_array("TransferRequest.window_page_ids", self.window_page_ids))
@@ -367,10 +377,10 @@ class TransferRequest:
         return (
             (self.room, self.generation, self.decode_rank, self.chunk_id,
              self.decode_prefix_tokens, self.slot, self.ring_slot, self.aux_row,
-             self.staging_addr, self.staging_bytes)
+             self.staging_addr, self.staging_bytes, self.staging_slots)
             == (other.room, other.generation, other.decode_rank, other.chunk_id,
                 other.decode_prefix_tokens, other.slot, other.ring_slot, other.aux_row,
-                other.staging_addr, other.staging_bytes)
+                other.staging_addr, other.staging_bytes, other.staging_slots)
             and np.array_equal(self.dst_page_ids, other.dst_page_ids)
             and np.array_equal(self.window_page_ids, other.window_page_ids)
             and np.array_equal(self.layer_slots, other.layer_slots)

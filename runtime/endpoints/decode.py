@@ -247,6 +247,8 @@ class DecodeEndpoint(DecodeHandshake, DecodeLiveness, DecodeStaging):
             self.liveness.heard(name, time.monotonic())
             if isinstance(msg, W.Status):
                 self._on_status(name, msg)
+            elif isinstance(msg, W.RingFilled):
+                self._on_ring_filled(name, msg)  # Note [Staging ring]
             elif isinstance(msg, W.AbortAck):
                 rv = self.recvs.get((msg.room, msg.generation))
                 if rv is None or not rv.requested or name not in rv.expected:
@@ -339,6 +341,7 @@ class DecodeReceiver:
             if ep.faults.staging_region is not None:  # Note [Fault hooks]: tests only
                 regions = {n: ep.faults.staging_region(*r) for n, r in regions.items()}
             rv.staged_links = len(rv.staged)
+            slots = {name: ring.slots for name, ring in rv.rings.items()}
         for name, (addr, nbytes) in regions.items():
             # One message per source: each link of a staged request has its own region.
             ep.hub.send(name, ep.wire.encode(W.TransferRequest(
@@ -346,7 +349,7 @@ class DecodeReceiver:
                 dst_page_ids=target.page_ids, decode_prefix_tokens=prefix_len, slot=slot,
                 ring_slot=ring_slot, aux_row=aux_row, window_page_ids=window,
                 layer_slots=np.array([x for pair in per_layer for x in pair], np.int64),
-                staging_addr=addr, staging_bytes=nbytes)))
+                staging_addr=addr, staging_bytes=nbytes, staging_slots=slots.get(name, 0))))
 
     def poll(self) -> KVPoll:
         with self.ep.lock:

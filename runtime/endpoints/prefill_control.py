@@ -65,6 +65,8 @@ class PrefillControl(PrefillHost):
             self._on_request(identity, msg)
         elif isinstance(msg, W.Abort):
             self._on_abort(identity, msg)
+        elif isinstance(msg, W.RingFreed):
+            self._on_ring_freed(identity, msg)  # Note [Staging ring]
         elif isinstance(msg, W.Heartbeat):
             if peer is None:
                 self.counters["rejected_heartbeat"] += 1

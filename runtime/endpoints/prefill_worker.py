@@ -92,6 +92,8 @@ class PrefillWorker(PrefillHost):
             elif st is BatchState.FAILED:
                 with self.lock:
                     r.fail(f"transfer failed: {b.reason}")
+            else:
+                self._ring_written(r, b)  # Note [Staging ring]
         if len(still) < len(r.inflight):
             with self.lock:  # Note [Health]: progress of the writes in flight
                 self.counters["batches_done"] += len(r.inflight) - len(still)
@@ -168,11 +170,12 @@ class PrefillWorker(PrefillHost):
             if c.chunk.last and finished:
                 r.last_range = (c.chunk.page_start, len(c.chunk.page_ids))
             progressed = True
+        self._pump_rings(r)  # Note [Staging ring]
         if r.inflight:
             with self.lock:
                 r.state = advanced(r.state, KVPoll.Transferring)
             return True
-        if r.last_seen and all(c.sent_all for c in r.chunks):
+        if r.last_seen and all(c.sent_all for c in r.chunks) and not self._ring_pending(r):
             self._finish_success(r)
             return True
         return progressed
@@ -343,7 +346,7 @@ class PrefillWorker(PrefillHost):
             descriptors=r.stats.descriptors, batches=r.stats.batches, engine=self.engine.name,
             t_start=r.created, t_bootstrap_done=r.t_requested, t_first_write=r.stats.t_init,
             t_done=time.monotonic(), generation=r.generation or 0,
-            t_forward_done=r.t_forward_done))
+            t_forward_done=r.t_forward_done, ring_waits=self._ring_waits(r)))
         self._remember(r.room, _Final(r.state, r.reason, r.generation, r.has_sender))
         nxt, r.successor = r.successor, None
         if nxt is None:

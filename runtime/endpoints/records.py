@@ -67,6 +67,7 @@ class _Staged:
     blocks: tuple[staging.Block, ...]
     local: Any = None  # this rank's gather buffer (numpy or torch bytes), region layout
     arena_offset: int | None = None  # where `local` sits in the arena; None: its own buffer
+    ring: Any = None  # staging_ring.PrefillRing when decode's region is a ring (Note [Staging ring])
 
 
 @dataclass
@@ -146,6 +147,7 @@ class _Recv:
     bytes: int = 0
     staged: dict = field(default_factory=dict)  # source name -> (arena offset, bytes, blocks)
     staged_links: int = 0  # links init() sent through the staged path
+    rings: dict = field(default_factory=dict)  # source name -> staging_ring.DecodeRing
     t_start: float = field(default_factory=time.monotonic)  # receiver() made
     t_requested: float = 0.0  # init() sent the TransferRequests
     t_arrived: float = 0.0  # the serving engine first saw the request (receiver(arrived=))

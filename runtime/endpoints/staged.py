@@ -4,11 +4,13 @@ their scatter into the pools."""
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .. import knobs, staging
+from .. import knobs, staging, staging_ring
+from .. import wire as W
 from ..engines.base import TransferEngine, TransferError
 from ..indices import (
     DecodeTarget,
@@ -17,6 +19,7 @@ from ..indices import (
 )
 from ..plan_types import RankId
 from ..pools import RankPools, address
+from .common import KVPoll
 from .records import _Chunk, _Peer, _Recv, _Room, _Staged, _Target
 from .states import TERMINAL
 
@@ -94,6 +97,14 @@ class PrefillStaging(PrefillHost):
                     f"registered ({lo:#x}+{size})"), None
         items = staging.request_items(self.layout, target, self.page_size)
         blocks, need = staging.link_blocks(self.links[rank], items)
+        slots = msg.staging_slots
+        if slots:  # Note [Staging ring]
+            least = staging_ring.min_slot_bytes(blocks)
+            if nbytes // slots < least:
+                return (f"staging ring slot of {nbytes // slots} bytes cannot hold one item "
+                        f"of this request's largest staging block ({least} bytes)"), None
+            ring = staging_ring.PrefillRing(slots, nbytes // slots)
+            return "", _Staged(addr, nbytes, blocks, ring=ring)
         if nbytes != need:
             return (f"staging region of {nbytes} bytes; this request's staging layout needs "
                     f"{need} (both sides must lower the same plan)"), None
@@ -111,6 +122,11 @@ class PrefillStaging(PrefillHost):
         if positions is None:
             positions = c.positions[t.peer.rank] = staging.chunk_positions(
                 self.layout, c.chunk, t.target, self.page_size)
+        if st.ring is not None:  # queued; _pump_rings writes them (Note [Staging ring])
+            st.ring.todo.extend(staging_ring.pieces(st.blocks, link, positions, layers,
+                                                    st.ring.slot_bytes))
+            empty = np.zeros(0, np.int64)
+            return empty, empty, empty
         if self.launches is not None:
             offs_a, lens_a = self.launches.gather_chunk(link, st.blocks, self.pools.view,
                                                         positions, layers, st.local)
@@ -170,6 +186,89 @@ class PrefillStaging(PrefillHost):
             st.local = None
 
 
+    # ~~~ rings (Note [Staging ring]) ~~~
+
+    def _pump_rings(self, r: _Room) -> None:
+        """Write queued pieces into the free slots of each ring of the room (worker)."""
+        for t in r.targets.values():
+            ring = t.staged.ring if t.staged is not None else None
+            if ring is None:
+                continue
+            while ring.todo:
+                with self.lock:
+                    if r.state == KVPoll.Failed:
+                        return
+                    slot = ring.free.pop(0) if ring.free else None
+                    if slot is None:
+                        if not ring.waiting:
+                            ring.waiting = True
+                            ring.waits += 1
+                            self.counters["staging_ring_waits"] += 1
+                        break
+                ring.waiting = False
+                piece = ring.todo.popleft()
+                self._write_piece(r, t, slot, piece)
+
+    def _write_piece(self, r: _Room, t: _Target, slot: int, piece) -> None:
+        st, ring = t.staged, t.staged.ring
+        if st.local is None:
+            self._reserve_gather_buffer(st)
+        at = slot * ring.slot_bytes
+        link = self.links[t.peer.rank]
+        n = staging_ring.copy_piece("gather", self.pools.view, st.blocks, link, piece.blocks,
+                                    piece.ids, st.local[at:at + ring.slot_bytes], "src")
+        self.pools.sync()  # the engine reads the gather buffer once it is submitted
+        batch = self.engine.submit_write(
+            t.peer.engine_peer, np.array([address(st.local) + at], np.uint64),
+            np.array([st.remote_addr + at], np.uint64), np.array([n], np.uint64))
+        ring.writing[id(batch)] = (slot, piece)
+        if r.stats.batches == 0:
+            r.stats.t_init = time.monotonic()
+        r.inflight.append(batch)
+        r.stats.bytes += n
+        r.stats.descriptors += 1
+        r.stats.batches += 1
+        d = t.peer.rank
+        r.bytes_to[d] = r.bytes_to.get(d, 0) + n
+        r.descriptors_to[d] = r.descriptors_to.get(d, 0) + 1
+
+    def _ring_written(self, r: _Room, batch) -> None:
+        """A write finished: if it carried a ring piece, tell decode (RingFilled)."""
+        for t in r.targets.values():
+            ring = t.staged.ring if t.staged is not None else None
+            got = ring.writing.pop(id(batch), None) if ring is not None else None
+            if got is None:
+                continue
+            slot, p = got
+            assert r.generation is not None  # set by the TransferRequest of the target
+            self._reply(t.identity, W.RingFilled(
+                room=r.room, generation=r.generation, prefill_rank=self.rank, slot=slot,
+                first_item=p.j0, items=p.n, blocks=np.asarray(p.blocks, np.int64)))
+            return
+
+    def _ring_pending(self, r: _Room) -> bool:
+        """Pieces of the room still to be written."""
+        return any(t.staged is not None and t.staged.ring is not None and t.staged.ring.todo
+                   for t in r.targets.values())
+
+    def _ring_waits(self, r: _Room) -> int:
+        return sum(t.staged.ring.waits for t in r.targets.values()
+                   if t.staged is not None and t.staged.ring is not None)
+
+    def _on_ring_freed(self, identity: bytes, msg) -> None:
+        """Decode scattered a piece: its slot may be filled again (control thread)."""
+        with self.lock:
+            r = self.rooms.get(msg.room)
+            t = r.targets.get(msg.decode_rank) if r is not None else None
+            ring = t.staged.ring if t is not None and t.staged is not None else None
+            if r is None or r.generation != msg.generation or ring is None:
+                return  # the use ended (the last pieces' slots come back after Success)
+            if t.identity != identity or msg.slot >= ring.slots or msg.slot in ring.free:
+                self.counters["stale_ring_messages"] += 1
+                return
+            ring.free.append(msg.slot)
+
+
 class DecodeStaging(DecodeHost):
     """The staged path of a decode rank; part of DecodeEndpoint (decode.py), whose state these
     methods use. Caller holds the lock."""
@@ -183,6 +282,18 @@ class DecodeStaging(DecodeHost):
             return 0, 0
         blocks, nbytes = staging.link_blocks(link, items)
         off = self.arena.alloc(nbytes) if nbytes else None
+        if off is None and nbytes and knobs.get("staging_ring_slots") > 0:
+            got = staging_ring.reserve(self.arena, blocks, knobs.get("staging_ring_slots"),
+                                       knobs.get("staging_ring_slot_bytes"))
+            if isinstance(got, str):
+                self.counters[got] += 1
+                return 0, 0
+            off, slots, size = got
+            rv.staged[name] = (off, slots * size, blocks)
+            rv.rings[name] = staging_ring.DecodeRing(off, slots, size, nbytes)
+            self.counters["staged_links"] += 1
+            self.counters["staging_rings"] += 1
+            return self.arena.base + off, slots * size
         if off is None:
             self.counters["staging_full" if nbytes else "staging_empty"] += 1
             return 0, 0
@@ -203,6 +314,12 @@ class DecodeStaging(DecodeHost):
         queued = False
         try:
             for name, (off, nbytes, blocks) in rv.staged.items():
+                ring = rv.rings.get(name)
+                if ring is not None:  # scattered piece by piece (Note [Staging ring])
+                    if ring.got != ring.need:
+                        return (f"staged ring from {name}: {ring.got} of {ring.need} staged "
+                                f"bytes arrived ({ring.pieces} pieces)")
+                    continue
                 link = self.links[self.source_rank[name]]
                 region = self.arena.view(off, nbytes)
                 if self.launches is not None:
@@ -259,3 +376,38 @@ class DecodeStaging(DecodeHost):
             assert self.arena is not None  # the regions are its own
             self.arena.release(off, nbytes)
         rv.staged.clear()
+        rv.rings.clear()
+
+    def _on_ring_filled(self, name: str, msg) -> None:
+        """Note [Staging ring]: scatter one piece from its slot into the pools, then free the
+        slot (RingFreed). Caller holds the lock."""
+        rv = self.recvs.get((msg.room, msg.generation))
+        ring = rv.rings.get(name) if rv is not None else None
+        if rv is None or ring is None or msg.prefill_rank != self.source_rank[name]:
+            self.counters["stale_messages"] += 1
+            return
+        if rv.state in TERMINAL:
+            return  # failed or aborted: the region is freed with the pages, not slot by slot
+        assert rv.target is not None and self.arena is not None  # a ring was reserved in init()
+        try:
+            if msg.slot >= ring.slots:
+                raise IndexError_(f"slot {msg.slot} of a ring of {ring.slots}")
+            _, blocks = rv.staged[name][1:]
+            link = self.links[self.source_rank[name]]
+            block_ids = msg.blocks.tolist()
+            comp, _ = staging_ring.check_piece(blocks, link, block_ids, msg.first_item,
+                                               msg.items, ring.slot_bytes)
+            if ring.ids is None:
+                ring.ids = staging.target_ids(self.layout, rv.target, self.page_size)
+            ids = ring.ids[comp][msg.first_item:msg.first_item + msg.items]
+            at = ring.offset + msg.slot * ring.slot_bytes
+            ring.got += staging_ring.copy_piece(
+                "scatter", self.pools.view, blocks, link, block_ids, ids,
+                self.arena.view(at, ring.slot_bytes), "dst")
+            ring.pieces += 1
+            self.pools.sync()  # the slot may be written again once RingFreed leaves
+        except (IndexError_, ValueError) as e:
+            self._fail(rv, f"staged ring from {name}: {e}")
+            return
+        self.hub.send(name, self.wire.encode(W.RingFreed(
+            room=rv.room, generation=rv.generation, decode_rank=self.rank, slot=msg.slot)))

@@ -175,7 +175,8 @@ def test_staged_request_lands_the_same_bytes_as_the_direct_path(any_split):
 
 
 def test_a_full_decode_arena_falls_back_to_the_direct_path(fam):
-    tight_knobs(staged_min_descriptors=0)
+    # With rings off (tests/runtime/test_staged_ring.py has them on).
+    tight_knobs(staged_min_descriptors=0, staging_ring_slots=0)
     split = Split(fam, decode_arena_bytes=64)
     try:
         _, rvs = split.request(22, [1, 2, 3], 1)

@@ -30,6 +30,8 @@ from pdc.runtime.wire import (
     Reader,
     RegEntry,
     Register,
+    RingFilled,
+    RingFreed,
     Section,
     Status,
     TransferRequest,
@@ -171,11 +173,23 @@ def message_strategy(kind: str, components):
     if kind == "AbortAck":
         return st.builds(AbortAck, room=U64, generation=U32, prefill_rank=RANKS,
                          drained=st.booleans())
+    if kind == "RingFilled":
+        return st.builds(RingFilled, room=U64, generation=U32, prefill_rank=RANKS, slot=U32,
+                         first_item=U64, items=st.integers(1, 2**32 - 1),
+                         blocks=IDS.filter(lambda a: len(a) > 0))
+    if kind == "RingFreed":
+        return st.builds(RingFreed, room=U64, generation=U32, decode_rank=RANKS, slot=U32)
     return st.builds(Heartbeat, side=st.sampled_from(PeerSide), rank=RANKS, sequence=U64,
                      monotonic_ns=U64)
 
 
-KINDS = ["Register", "TransferRequest", "Status", "Abort", "AbortAck", "Heartbeat"]
+KINDS = ["Register", "TransferRequest", "Status", "Abort", "AbortAck", "Heartbeat",
+         "RingFilled", "RingFreed"]
+RING_SAMPLES = {
+    "RingFilled": RingFilled(room=1, generation=1, prefill_rank=RankId(0, 0), slot=1,
+                             first_item=2, items=3, blocks=np.array([0, 1])),
+    "RingFreed": RingFreed(room=1, generation=1, decode_rank=RankId(0, 0), slot=1),
+}
 ROUND_TRIP = settings(max_examples=40, deadline=None, derandomize=True,
                       suppress_health_check=[HealthCheck.too_slow])
 
@@ -210,7 +224,7 @@ def test_arbitrary_bodies_behind_a_valid_header_raise_only_wire_error(garbage, h
                             state=KVPoll.Success),
            "Abort": Abort(room=1, generation=1, decode_rank=RankId(0, 0)),
            "AbortAck": AbortAck(room=1, generation=1, prefill_rank=RankId(0, 0), drained=True),
-           }[header_from]
+           **RING_SAMPLES}[header_from]
     buf = reseal(fam.encode(msg)[:wire.HEADER_BYTES] + garbage)
     try:
         got = fam.decode(buf)
@@ -261,7 +275,7 @@ def test_other_wire_version():
     buf = bytearray(enc(Abort(room=1, generation=0, decode_rank=RankId(0, 0))))
     buf[4:6] = (2).to_bytes(2, "little")
     assert rejects(reseal(buf)) == (
-        "header.version: peer speaks wire version 2, this side speaks 3: run the same pdc "
+        "header.version: peer speaks wire version 2, this side speaks 4: run the same pdc "
         "release on both sides")
 
 
@@ -293,10 +307,10 @@ def test_unknown_type_and_flags():
     buf[6] = 9
     assert rejects(reseal(buf)) == (
         "header.type: 9 is not a message type (valid: 1 REGISTER, 2 TRANSFER_REQUEST, 3 STATUS, "
-        "4 ABORT, 5 ABORT_ACK, 6 HEARTBEAT)")
+        "4 ABORT, 5 ABORT_ACK, 6 HEARTBEAT, 7 RING_FILLED, 8 RING_FREED)")
     buf[6] = 4
     buf[7] = 0x80
-    assert rejects(reseal(buf)) == ("header.flags: 0x80 sets flags that wire version 3 does "
+    assert rejects(reseal(buf)) == ("header.flags: 0x80 sets flags that wire version 4 does "
                                     "not define")
 
 
@@ -594,6 +608,7 @@ def test_doc_tables_match_the_field_map():
         "Abort": Abort(room=1, generation=0, decode_rank=RankId(0, 0)),
         "AbortAck": AbortAck(room=1, generation=0, prefill_rank=RankId(0, 0), drained=True),
         "Heartbeat": Heartbeat(side=0, rank=RankId(0, 0), sequence=0, monotonic_ns=0),
+        **RING_SAMPLES,
     }
     tables = _doc_tables()
     for name, msg in samples.items():
@@ -624,4 +639,4 @@ def test_doc_limits_match_the_constants():
         limits[row[0].strip("`")] = int(value[:-4]) << 20 if value.endswith(" MiB") else int(value)
     assert limits == {name: getattr(wire, name) for name in (
         "MAX_BODY_BYTES", "MAX_PAGE_IDS", "MAX_AGENT_INFO_BYTES", "MAX_INSTANCE_BYTES",
-        "MAX_REASON_BYTES", "MAX_SECTION_ENTRIES")}
+        "MAX_REASON_BYTES", "MAX_SECTION_ENTRIES", "MAX_RING_BLOCKS")}
