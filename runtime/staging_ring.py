@@ -31,8 +31,10 @@ piece fits one slot, and decode frees a slot without waiting for anything else. 
 whose region fits keep the whole-region path, unchanged.
 
 The ring's size (decode): `staging_ring_slots` slots of at most `staging_ring_slot_bytes`,
-fewer or smaller when the arena's largest free stretch is shorter, never smaller than one item
-of the link's largest staging block (the smallest piece). When not even one such slot is free,
+taking at most half of the arena's largest free stretch (so the next request, or the other
+link of this one, still finds a ring: rings shrink geometrically as the arena fills), fewer or
+smaller slots when that half is shorter, never smaller than one item of the link's largest
+staging block (the smallest piece). When not even one such slot is free,
 the link takes the direct path: counted `staging_full` (the arena is busy) or
 `staging_too_small` (even an empty arena could not hold one slot).
 """
@@ -66,6 +68,7 @@ def reserve(arena: Arena, blocks: tuple[Block, ...], slots: int, slot_bytes: int
     room = arena.largest()
     if room < least:
         return "staging_full"
+    room = max(room // 2, least)  # the next request still finds a ring
     size = max(least, min(slot_bytes, room // max(slots, 1)) // ALIGN * ALIGN)
     n = max(1, min(slots, room // size))
     off = arena.alloc(n * size)

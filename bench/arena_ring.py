@@ -1,0 +1,85 @@
+"""A long request through a small staging arena: the ring (Note [Staging ring]) against the
+direct fallback and against an arena big enough for the whole region, in one run.
+
+One Llama-3-70B request, prefill TP2 -> decode TP1 (every KV page moves as head slices, so
+decode stages both links), through bench/endpoints_device.py's harness: real endpoints and
+control plane in one process, pools.TensorPools and the local engine, on CPU tensors here or
+on two GPUs. Modes:
+
+- big arena: `staging_arena_bytes` holds each link's whole region (the path of requests that
+  fit, unchanged by rings);
+- ring: a small arena (`--arena`, default 16 MiB, against ~168 MiB per link at 1K tokens), so
+  each link moves through a ring of `staging_ring_slots` slots of `staging_ring_slot_bytes`;
+- direct fallback: the same small arena with rings off (`staging_ring_slots=0`): what such a
+  request did before rings, one descriptor per head-slice piece.
+
+Time is decode's init() to Success, median of `--reps` requests after one warm-up; the first
+and last timed request of each mode are checked with the link digests.
+
+    python bench/arena_ring.py --json bench/results/<date>-cpu-arena-ring/arena_ring.json
+    python bench/arena_ring.py --small --json /tmp/a.json
+"""
+
+from __future__ import annotations
+
+import sys
+
+import _common as C
+import torch
+from endpoints_device import run_mode
+
+
+def main() -> int:
+    ap = C.parser(__doc__.split("\n")[0])
+    ap.add_argument("--tokens", type=int, default=1024)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--arena", type=int, default=16 << 20, help="small arena, bytes")
+    ap.add_argument("--slots", type=int, default=4)
+    ap.add_argument("--slot-bytes", type=int, default=4 << 20)
+    ap.add_argument("--cuda", action="store_true", help="pools on cuda:0 / cuda:1")
+    args = ap.parse_args()
+    if args.small:
+        args.tokens, args.reps, args.arena, args.slot_bytes = 64, 1, 2 << 20, 1 << 20
+    devices = ("cuda:0", "cuda:1") if args.cuda else ("cpu", "cpu")
+    if args.cuda and torch.cuda.device_count() < 2:
+        print("needs two GPUs", file=sys.stderr)
+        return 2
+    layout, plan = C.llama_plan(2, 1)
+    region = 1344 * 1024 * 1024 * args.tokens // 8192  # one link's whole region (BENCHMARKS (g))
+    big = max(512 << 20, 2 * region)
+    ring = {"staging_arena_bytes": args.arena, "staging_ring_slots": args.slots,
+            "staging_ring_slot_bytes": args.slot_bytes}
+    modes = [("big arena (whole region)", {"staging_arena_bytes": big}, "staged"),
+             ("small arena, ring", ring, "staged"),
+             ("small arena, direct fallback", {**ring, "staging_ring_slots": 0}, "direct")]
+    rows: list[dict] = []
+    checks: dict[str, bool] = {}
+    notes = [f"one link's whole staging region: ~{region / 2**20:.0f} MiB; small arena "
+             f"{args.arena / 2**20:.0f} MiB; ring {args.slots} x {args.slot_bytes / 2**20:.0f} "
+             "MiB slots"]
+    for name, knob_values, path in modes:
+        C.guarded(rows, notes, checks, name, lambda name=name, kv=knob_values: run_mode(
+            args, name, kv, layout, plan, devices, rows, checks))
+        if path == "direct":  # run_mode expects every link staged when the arena is on
+            staged = checks.pop(f"{name}: every link staged", None)
+            got = next((r for r in rows if r.get("case") == name and "staged_links" in r), {})
+            checks[f"{name}: no link staged"] = staged is not None and \
+                got.get("staged_links") == 0
+        rows[-1]["arena_mib"] = knob_values["staging_arena_bytes"] / 2**20
+    C.table(rows, [("case", "case", ""), ("tokens", "tokens", "d"),
+                   ("arena_mib", "arena MiB", ",.0f"), ("staged_links", "staged links", "d"),
+                   ("bytes", "bytes", ",d"), ("ms", "ms", ",.1f"), ("gbps", "GB/s", ",.2f"),
+                   ("error", "error", "")])
+    if args.small:
+        notes.append("--small: 64 tokens; timings are meaningless")
+    by = {r["case"]: r for r in rows if "ms" in r}
+    goals = {}
+    if len(by) == 3:
+        ring_ms, direct_ms, big_ms = (by[n]["ms"] for n, _, _ in
+                                      (modes[1], modes[2], modes[0]))
+        goals = {"ring_over_big_arena": ring_ms / big_ms, "direct_over_ring": direct_ms / ring_ms}
+    return C.finish("arena_ring", args, rows, checks, goals, notes)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
