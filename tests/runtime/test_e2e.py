@@ -77,6 +77,20 @@ def test_staged_path_moves_head_slices_in_few_descriptors(engine, spec, prefill,
     assert staged["descriptors"] * 20 < direct["descriptors"], (direct, staged)
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["chunked", "streamed"])
+def test_staging_rings_move_requests_larger_than_the_arena(stream, monkeypatch):
+    """Note [Staging ring]: a 1 MiB arena holds no request's whole region (1.25 MiB a page on
+    each link), so every staged link moves through a ring of 64 KiB slots over Mooncake;
+    every byte is verified, and no link falls back to the direct path."""
+    monkeypatch.setenv("PDC_STAGING_ARENA_BYTES", str(1 << 20))
+    monkeypatch.setenv("PDC_STAGING_RING_SLOT_BYTES", str(64 << 10))
+    out, got = io.StringIO(), {}
+    code = run_demo(LLAMA, "tp=1,pp=2", "tp=2", "mooncake", requests=4, concurrency=2,
+                    seed=4, out=out, timeout_s=60, stream=stream, summary=got)
+    assert code == 0 and got["ok"] == 4, out.getvalue()
+    assert got["staged_links"] == got["links"] > 0, got
+
+
 @pytest.mark.parametrize("engine,spec,prefill,decode", [
     ("mooncake", QWEN, "tp=2", "tp=1"),
     ("nixl", GLM, "tp=1,pp=2", "tp=1"),
