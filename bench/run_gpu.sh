@@ -2,6 +2,7 @@
 # Runs every bench/ script on a machine with two GPUs and writes their JSON under OUT.
 #
 #   bash bench/run_gpu.sh OUT [script ...]      # default: all five; "none": no script
+#   bash bench/run_gpu.sh OUT arena_ring        # staging rings (BENCHMARKS.md (r)); not run yet
 #
 # Works on a bare image without installing pdc: a pdc/ folder whose stage packages are links to
 # the repository's folders goes first on PYTHONPATH (setup.py maps them the same way). Wheels in
@@ -41,6 +42,9 @@ fi
 for name in "${SCRIPTS[@]+"${SCRIPTS[@]}"}"; do
   extra=()
   if [ "$name" = control_cost ]; then extra=(--real); fi
+  # Note [Staging ring]: one 8K Llama-70B request through a 256 MiB arena (a link's region is
+  # 1.3 GB) as a ring, against the direct fallback and a whole-region arena
+  if [ "$name" = arena_ring ]; then extra=(--cuda --tokens 8192 --arena $((256 << 20)) --slot-bytes $((32 << 20))); fi
   echo "=== $name $(date -u +%T)"
   timeout "${PER_SCRIPT_S:-150}" python3 "bench/$name.py" --json "$OUT/$name.json" "${extra[@]}"
   echo "=== $name exit $? $(date -u +%T)"

@@ -8,7 +8,9 @@ one contiguous region named in the TransferRequest (`staging_slots` > 0). Then:
 
 1. Prefill cuts each chunk's staged items into pieces: (staging blocks of one component, a
    run of items j0 .. j0 + n) whose packed bytes fit one slot (every block's n items back to
-   back, in block order). Each piece is gathered into the same slot of prefill's own gather
+   back, in block order). Block-major: a piece takes a run's items of as many blocks as fit,
+   so each block's run is one copy on each side as in a whole region (item-major pieces of
+   one page of all 160 blocks cost 2.7x more copies on the CPU box, BENCHMARKS.md (r)). Each piece is gathered into the same slot of prefill's own gather
    buffer, written to decode's slot with one descriptor, and once that write completed,
    announced with RingFilled (slot, j0, n, block indices).
 2. Decode scatters the piece from the slot into its pools on its control thread (the same
@@ -102,27 +104,36 @@ def pieces(blocks: tuple[Block, ...], link: Link, positions, layers, slot_bytes:
         src, j = positions[comp]
         if not len(j):
             continue
-        # Blocks in groups whose one item fits a slot; usually one group of all of them.
-        groups: list[list[int]] = [[]]
-        per = 0
-        for i in idx:
-            tb = blocks[i].segment.total_bytes
-            if groups[-1] and per + tb > slot_bytes:
-                groups.append([])
-                per = 0
-            groups[-1].append(i)
-            per += tb
         starts, _, lens = contiguous_runs(j, j)
         at = 0
         for j0, n in zip(starts.tolist(), lens.tolist(), strict=True):
             ids = src[at:at + n]
             at += n
-            for g in groups:
-                unit = sum(blocks[i].segment.total_bytes for i in g)
-                m = max(1, slot_bytes // unit)
-                for k in range(0, n, m):
-                    c = min(m, n - k)
-                    out.append(Piece(tuple(g), ids[k:k + c], j0 + k, c, c * unit))
+            out.extend(_run_pieces(blocks, idx, ids, j0, n, slot_bytes))
+    return out
+
+
+def _run_pieces(blocks, idx: list[int], ids: np.ndarray, j0: int, n: int, slot_bytes: int):
+    """Pieces of one run of n items over the blocks `idx`: block-major, so that each block's
+    items move in as few copies as in a whole region (one per block and run) while the run
+    fits a slot; a block whose run alone does not fit is cut into runs of items."""
+    out = []
+    i = 0
+    while i < len(idx):
+        tb = blocks[idx[i]].segment.total_bytes
+        if n * tb > slot_bytes:  # this block's run alone overflows a slot: cut the items
+            m = max(1, slot_bytes // tb)
+            for k in range(0, n, m):
+                c = min(m, n - k)
+                out.append(Piece((idx[i],), ids[k:k + c], j0 + k, c, c * tb))
+            i += 1
+            continue
+        group, used = [], 0
+        while i < len(idx) and used + n * blocks[idx[i]].segment.total_bytes <= slot_bytes:
+            used += n * blocks[idx[i]].segment.total_bytes
+            group.append(idx[i])
+            i += 1
+        out.append(Piece(tuple(group), ids, j0, n, used))
     return out
 
 
