@@ -79,3 +79,14 @@ def test_structured_log_is_opt_in(caplog):
         assert not caplog.records
         loud.observe(_rec())
     assert len(caplog.records) == 1 and json.loads(caplog.records[0].message)["room"] == 7
+
+
+def test_ring_waits_are_counted_per_rank():
+    """Note [Staging ring]: pieces that waited for a free slot of decode's ring."""
+    m = TransferMetrics(log=False)
+    m.observe(_rec(ring_waits=3))
+    m.observe(_rec(room=8, ring_waits=2))
+    m.observe(_rec(room=9))
+    lab = 'engine="mooncake",rank="dp0.pp0.tp1",side="prefill"'
+    assert f"pdc:kv_transfer_staging_ring_waits_total{{{lab}}} 5.0" in m.text()
+    assert json.loads(_rec(ring_waits=3).log_line())["ring_waits"] == 3
