@@ -114,7 +114,7 @@ def _sections(rnd: random.Random, components) -> tuple[wire.Section, ...]:
 
 
 def random_message(rnd: random.Random, components) -> wire.Message:
-    kind = rnd.randrange(6)
+    kind = rnd.randrange(8)
     if kind == 0:
         return wire.Register(
             side=rnd.choice(list(wire.PeerSide)), dp_group=_u(rnd, 0xFFFF), rank=_rank(rnd),
@@ -143,6 +143,15 @@ def random_message(rnd: random.Random, components) -> wire.Message:
     if kind == 4:
         return wire.AbortAck(room=_u(rnd, (1 << 64) - 1), generation=_u(rnd, 0xFFFFFFFF),
                              prefill_rank=_rank(rnd), drained=rnd.random() < 0.5)
+    if kind == 6:
+        blocks = _ids(rnd)
+        return wire.RingFilled(
+            room=_u(rnd, (1 << 64) - 1), generation=_u(rnd, 0xFFFFFFFF), prefill_rank=_rank(rnd),
+            slot=_u(rnd, 0xFFFFFFFF), first_item=_u(rnd, (1 << 64) - 1),
+            items=max(1, _u(rnd, 0xFFFFFFFF)), blocks=blocks[:1 << 16] if len(blocks) else [0])
+    if kind == 7:
+        return wire.RingFreed(room=_u(rnd, (1 << 64) - 1), generation=_u(rnd, 0xFFFFFFFF),
+                              decode_rank=_rank(rnd), slot=_u(rnd, 0xFFFFFFFF))
     return wire.Heartbeat(side=rnd.choice(list(wire.PeerSide)), rank=_rank(rnd),
                           sequence=_u(rnd, (1 << 64) - 1), monotonic_ns=_u(rnd, (1 << 64) - 1))
 
