@@ -57,6 +57,7 @@ if [ "${RUN_GPU_TESTS:-0}" = 1 ]; then
   (cd /tmp && timeout 120 python3 -m pytest -q -p no:cacheprovider --import-mode=append \
     --rootdir "$REPO" -m gpu "$REPO/tests/bench/test_local_device_engine.py" \
     "$REPO/tests/runtime/test_copy_kernels.py" "$REPO/tests/runtime/test_staged.py" \
+    "$REPO/tests/runtime/test_staged_ring.py" \
     "$REPO/tests/runtime/test_forward_events.py")
   echo "=== gpu tests exit $? $(date -u +%T)"
 fi

@@ -19,7 +19,7 @@ from pdc.runtime.endpoints import DecodeEndpoint, KVPoll, PageState, PrefillEndp
 from pdc.runtime.plan_types import RankId
 
 from .failure_tools import R0, Family, Gate, ManualEngine, tight_knobs, wait_for
-from .test_staged import PAGE, POISON, POOLS, Split, _done
+from .test_staged import PAGE, POISON, Split, _done, _pools_param
 
 # A request of 3 pages needs a 1056-byte region per link (Note [Staging layout]); a ring takes
 # at most half of a 1024-byte arena: 4 slots of 128 (one item of two 64-byte kv blocks, or of
@@ -38,7 +38,7 @@ def fam():
     return Family({"tp": 1}, {"tp": 2})
 
 
-@pytest.fixture(params=[pytest.param(POOLS[k], id=k) for k in ("host", "torch-cpu")])
+@pytest.fixture(params=[_pools_param(k) for k in ("host", "torch-cpu", "cuda-torch")])
 def ring_split(fam, request):
     _ring_knobs(staging_ring_slot_bytes=SLOT)
     s = Split(fam, decode_arena_bytes=ARENA, devices=request.param)
