@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import staging
 from .indices import IndexError_, check_capacity, contiguous_runs
 from .plan_types import Link
 from .staging import ALIGN, Arena, Block
@@ -162,8 +163,6 @@ def copy_piece(direction: str, view, blocks: tuple[Block, ...], link: Link, bloc
                ids: np.ndarray, slot, side: str) -> int:
     """Gather (prefill, `side` src) or scatter (decode, `side` dst) one piece between the
     pools and `slot` (numpy or torch bytes); returns the packed bytes."""
-    from . import staging
-
     at = 0
     n = len(ids)
     for bi in block_ids:
@@ -188,6 +187,7 @@ class PrefillRing:
     free: list = field(default_factory=list)  # slot indices prefill may fill now
     todo: deque = field(default_factory=deque)  # Pieces not yet written
     writing: dict = field(default_factory=dict)  # id(batch) -> (slot, Piece)
+    filled: set = field(default_factory=set)  # slots announced to decode, not yet freed
     waiting: bool = False  # the next piece found no free slot (counted once per wait)
     waits: int = 0
 

@@ -241,6 +241,8 @@ class PrefillStaging(PrefillHost):
                 continue
             slot, p = got
             assert r.generation is not None  # set by the TransferRequest of the target
+            with self.lock:
+                ring.filled.add(slot)  # before the message: its RingFreed may come at once
             self._reply(t.identity, W.RingFilled(
                 room=r.room, generation=r.generation, prefill_rank=self.rank, slot=slot,
                 first_item=p.j0, items=p.n, blocks=np.asarray(p.blocks, np.int64)))
@@ -263,9 +265,10 @@ class PrefillStaging(PrefillHost):
             ring = t.staged.ring if t is not None and t.staged is not None else None
             if r is None or r.generation != msg.generation or ring is None:
                 return  # the use ended (the last pieces' slots come back after Success)
-            if t.identity != identity or msg.slot >= ring.slots or msg.slot in ring.free:
-                self.counters["stale_ring_messages"] += 1
+            if t.identity != identity or msg.slot not in ring.filled:
+                self.counters["stale_ring_messages"] += 1  # only a slot decode holds comes back
                 return
+            ring.filled.discard(msg.slot)
             ring.free.append(msg.slot)
 
 

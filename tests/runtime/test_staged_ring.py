@@ -14,6 +14,7 @@ import dataclasses
 import numpy as np
 import pytest
 from pdc.runtime import knobs, staging, staging_ring
+from pdc.runtime import wire as W
 from pdc.runtime.control import BootstrapServer
 from pdc.runtime.endpoints import DecodeEndpoint, KVPoll, PageState, PrefillEndpoint
 from pdc.runtime.plan_types import RankId
@@ -88,6 +89,12 @@ def test_pieces_wait_for_a_freed_slot_and_are_counted(fam):
         # Per link: the aux row (a whole item: direct path) and one piece in the only slot.
         assert split.peng.submitted == 4
         assert [rv.poll() for rv in rvs] == [KVPoll.WaitingForInput] * 2
+        # Only a slot prefill announced and decode has not freed yet can come back.
+        t = split.pre.rooms[42].targets[RankId(0, 0)]
+        split.pre._on_ring_freed(t.identity, W.RingFreed(room=42, generation=0,
+                                                         decode_rank=RankId(0, 0), slot=1))
+        assert split.pre.stats()["stale_ring_messages"] == 1
+        assert t.staged.ring.free == []
         for g in gates:
             g.open()
         wait_for(lambda: _done(rvs), what="the request")
