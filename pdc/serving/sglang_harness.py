@@ -142,10 +142,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def make_tiny_model(python: str, out_dir: str, family: str = "llama") -> str:
+def make_tiny_model(python: str, out_dir: str, family: str = "llama",
+                    overrides: dict | None = None) -> str:
     """Write a tiny model of TINY_MODELS (safetensors + config, no tokenizer) with the SGLang
-    env's transformers; seed 0, so every run serves the same weights."""
+    env's transformers; seed 0, so every run serves the same weights. `overrides` replace
+    keys of the family's config."""
     config_class, model_class, config = TINY_MODELS[family]
+    config = dict(config, **(overrides or {}))
     code = (
         "import sys, torch\n"
         f"from transformers import {config_class}, {model_class}\n"

@@ -1,0 +1,121 @@
+"""`pdc sglang-demo --dp N` and `--spec-decode` (no SGLang needed): the servers' flags each
+variant builds (Note [Demo variants] in pdc/serving/sglang_variants.py), and the refusals of
+what SGLang cannot run on this machine, given before any server starts, exact messages."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdc.cli import main
+from pdc.serving import sglang_variants as V
+from pdc.serving.sglang_variants import Refusal, Variant, plan_variant
+
+MLA = ("--attention-backend", "intel_amx", "--dtype", "float32")
+DP2 = ("--dp", "2", "--enable-dp-attention", "--no-enable-tp-lm-head-all-to-all")
+STEPS = ("--speculative-num-steps", "2", "--speculative-eagle-topk", "1",
+         "--speculative-num-draft-tokens", "3")
+CUDA = ("--device", "cuda", "--attention-backend", "triton")
+CUDA_ENV = (("SGLANG_USE_CPU_ENGINE", "0"),
+            ("SGLANG_MOONCAKE_CUSTOM_MEM_POOL", "INTRA_NODE_NVLINK"))
+TORCH_NATIVE = (
+    "DP attention's batch padding asks the attention backend for "
+    "get_cpu_graph_seq_len_fill_value (model_executor/forward_batch_info.py:2014, "
+    "_pad_inputs_to_size), which ")
+DP_HINT = ("--family deepseek-mla runs DP attention on the CPU (its intel_amx backend); see "
+           "docs/sglang.md, \"DP attention\"")
+NO_SPEC = (
+    "--spec-decode: SGLang 0.5.23 cannot run speculative decoding on a machine without CUDA: "
+    "torch_native has no EAGLE draft backend (speculative/draft_utils.py:64), intel_amx's "
+    "alloc_for_spec_decode calls the Triton kernel get_last_loc_triton "
+    "(mem_cache/allocation.py:133) and Triton has no CPU driver, and at page size 1 the "
+    "draft's cache locations need the CPU sglang-kernel op "
+    "assign_draft_cache_locs_contiguous_cpu (kernels/ops/speculative/cache_locs.py:27-30), "
+    "which has no build")
+
+
+def spec_hint(band: str, spec: str, algorithm: str, path: str) -> str:
+    return (f"the layout (target and draft pools, the {band} band of {spec}, the draft's "
+            "hidden row) is proven with SGLang's own pools for the tiny Llama with an EAGLE "
+            "draft and the tiny DeepSeek MLA with an MTP layer: pytest "
+            "tests/integrations/inside/test_speculative_pools.py under the SGLang "
+            "environment's python (tests/integrations/test_sglang_inside.py runs it); on a "
+            "CUDA machine the demo runs both PD servers with --speculative-algorithm "
+            f"{algorithm} --speculative-draft-model-path {path} " + " ".join(STEPS))
+
+
+def test_dp_2_runs_two_attention_dp_groups_of_one_rank_on_every_server():
+    v = plan_variant("deepseek-mla", dp=2)
+    assert v == Variant("deepseek-mla", 2, None, False, MLA + DP2, MLA + DP2)
+    assert (v.tp, v.label()) == (2, "--dp 2 (tp 2, DP attention)")
+
+
+def test_the_plain_variant_is_the_familys_cpu_flags():
+    assert plan_variant("qwen3-next") == Variant(
+        "qwen3-next", 1, None, False, ("--disable-radix-cache", "--dtype", "float32"),
+        ("--disable-radix-cache", "--dtype", "float32"))
+    assert (plan_variant("llama").tp, plan_variant("llama").label()) == (1, "")
+
+
+@pytest.mark.parametrize(("family", "why"), [
+    ("llama", TORCH_NATIVE + "torch_native, the family's CPU attention backend, lacks; and "
+     "SGLang's dense Llama does not gather the attention-DP groups' tokens in its MLP"),
+    ("qwen3", TORCH_NATIVE + "torch_native, the family's CPU attention backend, lacks"),
+    ("qwen3-next", TORCH_NATIVE + "the hybrid backend hands to its full-attention backend "
+     "torch_native (layers/attention/hybrid_linear_attn_backend.py:1396), which lacks it"),
+])
+def test_dp_attention_of_a_torch_native_family_is_refused_on_a_cpu(family, why):
+    assert plan_variant(family, dp=2) == Refusal(
+        f"--dp 2: SGLang 0.5.23 cannot run the tiny {family} with DP attention on a CPU: {why}",
+        DP_HINT)
+    assert isinstance(plan_variant(family, dp=2, cuda=True), Variant)
+
+
+def test_spec_decode_is_refused_without_cuda_naming_sglangs_causes_and_the_pool_test():
+    assert plan_variant("llama", spec_decode=True) == Refusal(
+        NO_SPEC, spec_hint("eagle", "specs/sglang-llama.yaml", "EAGLE", "DRAFT"))
+    assert plan_variant("deepseek-mla", dp=2, spec_decode=True) == Refusal(
+        NO_SPEC, spec_hint("mtp", "specs/sglang-deepseek-mla.yaml", "NEXTN", "TARGET"))
+
+
+def test_spec_decode_of_a_family_without_a_draft_band_is_refused_everywhere():
+    for cuda in (False, True):
+        assert plan_variant("qwen3-next", spec_decode=True, cuda=cuda) == Refusal(
+            "--spec-decode: specs/sglang-qwen3-next.yaml declares no draft components, so "
+            "pdc's backend refuses a speculating server of it",
+            "--family llama or qwen3 (EAGLE, the eagle band of specs/sglang-llama.yaml) or "
+            "deepseek-mla (MTP, the mtp band of specs/sglang-deepseek-mla.yaml)")
+
+
+def test_spec_decode_on_cuda_gives_both_pd_servers_the_draft_and_the_plain_server_none():
+    v = plan_variant("llama", spec_decode=True, cuda=True).with_draft("/m/draft")
+    assert v.pd_args == CUDA + ("--speculative-algorithm", "EAGLE",
+                                "--speculative-draft-model-path", "/m/draft") + STEPS
+    assert (v.plain_args, v.env, v.tp) == (CUDA, CUDA_ENV, 1)
+    assert v.label() == ("EAGLE speculative decoding (the eagle band of "
+                         "specs/sglang-llama.yaml)")
+    mtp = plan_variant("deepseek-mla", dp=2, spec_decode=True, cuda=True)
+    assert mtp.draft == V.Draft("NEXTN", "mtp", "specs/sglang-deepseek-mla.yaml", True)
+    assert mtp.with_draft("/m/target").pd_args == MLA + CUDA + DP2 + (
+        "--speculative-algorithm", "NEXTN", "--speculative-draft-model-path",
+        "/m/target") + STEPS
+    assert mtp.plain_args == MLA + CUDA + DP2
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_the_command_refuses_before_looking_for_sglang(capsys, monkeypatch):
+    monkeypatch.setenv("PDC_SGLANG_PYTHON", "/nonexistent/python")  # never reached
+    monkeypatch.setattr(V, "cuda_machine", lambda: False)
+    assert run(capsys, "sglang-demo", "--family", "qwen3", "--dp", "2") == (
+        1, "", f"pdc sglang-demo: error: --dp 2: SGLang 0.5.23 cannot run the tiny qwen3 with "
+        f"DP attention on a CPU: {TORCH_NATIVE}torch_native, the family's CPU attention "
+        f"backend, lacks\n  hint: {DP_HINT}\n")
+    assert run(capsys, "sglang-demo", "--spec-decode") == (
+        1, "", f"pdc sglang-demo: error: {NO_SPEC}\n  hint: "
+        + spec_hint("eagle", "specs/sglang-llama.yaml", "EAGLE", "DRAFT") + "\n")
+    assert run(capsys, "sglang-demo", "--dp", "9") == (
+        2, "", "pdc sglang-demo: error: --dp is 9\n  hint: give --dp from 1 to 8\n")
