@@ -119,3 +119,18 @@ def test_the_command_refuses_before_looking_for_sglang(capsys, monkeypatch):
         + spec_hint("eagle", "specs/sglang-llama.yaml", "EAGLE", "DRAFT") + "\n")
     assert run(capsys, "sglang-demo", "--dp", "9") == (
         2, "", "pdc sglang-demo: error: --dp is 9\n  hint: give --dp from 1 to 8\n")
+
+
+def test_dp_groups_reads_which_groups_pdcs_managers_registered_under(tmp_path):
+    line = ("[DP{g} TP{g}] pdc SGLang backend: {side} DeepseekV3ForCausalLM rank pp0.tp0, "
+            "family sglang-deepseek-mla (specs/sglang-deepseek-mla.yaml) bound to 2 layers, "
+            "pages of 16 tokens, KV float32, engine mooncake on host memory, attention-DP "
+            "group {g} of 2\n")
+    (tmp_path / "pdc-mooncake-tp2to2-prefill.log").write_text(
+        line.format(g=1, side="prefill") + line.format(g=0, side="prefill"))
+    (tmp_path / "pdc-mooncake-tp2to2-decode.log").write_text(line.format(g=0, side="decode"))
+    from pdc.serving.sglang_demo import dp_groups
+
+    assert dp_groups(str(tmp_path), 2) == ("pdc's managers registered on prefill groups 0, 1 "
+                                           "of 2 and decode groups 0 of 2")
+    assert dp_groups(str(tmp_path), 3).endswith("decode groups none of 3")
