@@ -163,8 +163,9 @@ def cuda_machine() -> bool:
 
 
 # The weights of a draft made like the tiny target (seed 1), in the SGLang env's transformers:
-# EAGLE's draft is one Llama layer without its first input norm, `fc` over [embedding, hidden]
-# and its own embedding and head (models/llama_eagle.py names them without "model.");
+# EAGLE's draft is one Llama layer without its first input norm and no final norm, `fc` over
+# [embedding, hidden], and an embedding and head (models/llama_eagle.py names them without
+# "model."; SGLang's EAGLE worker may share the target's instead);
 # NEXTN's MTP layer is layer `num_hidden_layers` of the target's checkpoint with enorm,
 # hnorm, eh_proj and shared_head (models/deepseek_nextn.py).
 _EAGLE = """
@@ -175,7 +176,7 @@ torch.manual_seed(1)
 cfg = {cls}(**{config!r}, torch_dtype='bfloat16', bos_token_id=1, eos_token_id=2)
 m = LlamaForCausalLM(cfg).to(torch.bfloat16)
 sd = {{k.removeprefix('model.'): v for k, v in m.state_dict().items()
-      if not k.startswith('model.layers.0.input_layernorm')}}
+      if k not in ('model.layers.0.input_layernorm.weight', 'model.norm.weight')}}
 h = cfg.hidden_size
 sd['fc.weight'] = (torch.randn(h, 2 * h) * 0.02).to(torch.bfloat16)
 sd['fc.bias'] = torch.zeros(h, dtype=torch.bfloat16)

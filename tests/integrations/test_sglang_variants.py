@@ -134,3 +134,45 @@ def test_dp_groups_reads_which_groups_pdcs_managers_registered_under(tmp_path):
     assert dp_groups(str(tmp_path), 2) == ("pdc's managers registered on prefill groups 0, 1 "
                                            "of 2 and decode groups 0 of 2")
     assert dp_groups(str(tmp_path), 3).endswith("decode groups none of 3")
+
+
+def _names(python: str, path: str) -> list[str]:
+    import json as _json
+    import subprocess
+
+    code = ("import json, sys; from safetensors import safe_open\n"
+            "f = safe_open(sys.argv[1] + '/model.safetensors', 'pt')\n"
+            "print(json.dumps(sorted(f.keys())))")
+    out = subprocess.run([python, "-c", code, path], capture_output=True, text=True, check=True)
+    return _json.loads(out.stdout)
+
+
+@pytest.mark.sglang
+@pytest.mark.skipif(V.H.sglang_python() is None, reason="no SGLang environment: run "
+                    "scripts/install-sglang.sh (CI does)")
+def test_the_drafts_are_made_like_the_tiny_targets(tmp_path):
+    import json
+
+    python = V.H.sglang_python()
+    target, v = V.make_models(python, str(tmp_path / "eagle"),
+                              plan_variant("llama", spec_decode=True, cuda=True))
+    draft = v.pd_args[v.pd_args.index("--speculative-draft-model-path") + 1]
+    assert draft == str(tmp_path / "eagle" / "draft-llama")
+    config = json.loads((tmp_path / "eagle" / "draft-llama" / "config.json").read_text())
+    assert (config["architectures"], config["num_hidden_layers"], config["hidden_size"],
+            config["num_key_value_heads"]) == (["LlamaForCausalLMEagle"], 1, 64, 2)
+    layer = [f"layers.0.{n}.weight" for n in (
+        "mlp.down_proj", "mlp.gate_proj", "mlp.up_proj", "post_attention_layernorm",
+        "self_attn.k_proj", "self_attn.o_proj", "self_attn.q_proj", "self_attn.v_proj")]
+    assert _names(python, draft) == ["embed_tokens.weight", "fc.bias", "fc.weight", *layer,
+                                     "lm_head.weight"]
+    target, v = V.make_models(python, str(tmp_path / "mtp"),
+                              plan_variant("deepseek-mla", spec_decode=True, cuda=True))
+    assert v.pd_args[v.pd_args.index("--speculative-draft-model-path") + 1] == target
+    config = json.loads((tmp_path / "mtp" / "tiny-deepseek-mla" / "config.json").read_text())
+    assert (config["num_hidden_layers"], config["num_nextn_predict_layers"]) == (2, 1)
+    mtp = {n.removeprefix("model.layers.2.") for n in _names(python, target)
+           if n.startswith("model.layers.2.")}
+    assert {"enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight",
+            "shared_head.head.weight", "self_attn.kv_a_proj_with_mqa.weight",
+            "mlp.gate.weight"} <= mtp
