@@ -31,10 +31,11 @@ _TORCH_NATIVE_DP = (
     "get_cpu_graph_seq_len_fill_value (model_executor/forward_batch_info.py:2014, "
     "_pad_inputs_to_size), which torch_native, the family's CPU attention backend, lacks")
 # Families SGLang 0.5.23 cannot serve with DP attention on a CPU, and why (measured
-# 2026-12-03 for llama, 2026-12-04 for qwen3-next: the first forward fails)
+# 2026-12-03 for llama, 2026-12-04 for qwen3-next: the first forward fails); and anywhere
+DP_REFUSED = {"llama": "SGLang's dense Llama does not gather the attention-DP groups' tokens "
+                       "in its MLP"}
 DP_REFUSED_ON_CPU = {
-    "llama": _TORCH_NATIVE_DP + "; and SGLang's dense Llama does not gather the attention-DP "
-             "groups' tokens in its MLP",
+    "llama": _TORCH_NATIVE_DP + "; and " + DP_REFUSED["llama"],
     "qwen3": _TORCH_NATIVE_DP,
     "qwen3-next": _TORCH_NATIVE_DP.replace(
         "torch_native, the family's CPU attention backend, lacks",
@@ -116,10 +117,11 @@ class Variant:
 def plan_variant(family: str, dp: int = 1, spec_decode: bool = False,
                  cuda: bool = False) -> Variant | Refusal:
     """The variant of these flags, or why SGLang cannot run it here (Note [Demo variants])."""
-    if dp > 1 and not cuda and family in DP_REFUSED_ON_CPU:
+    why = (DP_REFUSED if cuda else DP_REFUSED_ON_CPU).get(family) if dp > 1 else None
+    if why is not None:
         return Refusal(
-            f"--dp {dp}: SGLang 0.5.23 cannot run the tiny {family} with DP attention on a "
-            f"CPU: {DP_REFUSED_ON_CPU[family]}",
+            f"--dp {dp}: SGLang 0.5.23 cannot run the tiny {family} with DP attention"
+            f"{'' if cuda else ' on a CPU'}: {why}",
             "--family deepseek-mla runs DP attention on the CPU (its intel_amx backend); see "
             "docs/sglang.md, \"DP attention\"")
     draft = None
@@ -171,9 +173,9 @@ def cuda_machine() -> bool:
 _EAGLE = """
 import json, sys, torch, pathlib
 from safetensors.torch import save_file
-from transformers import {cls}, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM
 torch.manual_seed(1)
-cfg = {cls}(**{config!r}, torch_dtype='bfloat16', bos_token_id=1, eos_token_id=2)
+cfg = LlamaConfig(**{config!r}, torch_dtype='bfloat16', bos_token_id=1, eos_token_id=2)
 m = LlamaForCausalLM(cfg).to(torch.bfloat16)
 sd = {{k.removeprefix('model.'): v for k, v in m.state_dict().items()
       if k not in ('model.layers.0.input_layernorm.weight', 'model.norm.weight')}}
@@ -223,7 +225,7 @@ def make_models(python: str, workdir: str, variant: Variant) -> tuple[str, Varia
         path = f"{workdir}/draft-{family}"
         # EAGLE's draft is a Llama layer in the target's attention shape
         config = dict(H.TINY_MODELS[family][2], num_hidden_layers=1)
-        _run(python, _EAGLE.format(cls="LlamaConfig", config=config), path)
+        _run(python, _EAGLE.format(config=config), path)
         return target, variant.with_draft(path)
     # MTP: one more layer than the target (a MoE layer past first_k_dense_replace, as SGLang
     # builds the NextN layer), then declared as the MTP layer
