@@ -16,8 +16,9 @@ import pytest
 import zmq
 from pdc.runtime import knobs
 from pdc.runtime import wire as W
-from pdc.runtime.control import BootstrapServer, Hub
+from pdc.runtime.control import BootstrapServer
 from pdc.runtime.endpoints import REG_ROOM, Faults, KVPoll, PageState
+from pdc.runtime.hub import Hub
 
 from .failure_tools import R0, Family, Gate, Pair, fill, send_all, tight_knobs, values, wait_for
 
