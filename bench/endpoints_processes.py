@@ -364,7 +364,8 @@ def run_case(args, case: str, rows, checks) -> None:
                  "done_to_success_p99_ms": p99[1],
                  "control_ms": C.median([p[0] + p[2] for p in phases]) * 1e3,
                  "control_p99_ms": _p99([p[0] + p[2] for p in phases]) * 1e3,
-                 "ms_all": [round(t * 1e3, 3) for t in times]})
+                 "ms_all": [round(t * 1e3, 3) for t in times],
+                 "phases_all": [[round(x * 1e3, 3) for x in p] for p in phases]})
 
 
 def _p99(xs: list[float]) -> float:
