@@ -21,6 +21,7 @@ def _pct(xs: list[float], q: int) -> float:
 def main(out: str) -> int:
     pooled: dict[tuple[str, str], dict[str, list[float]]] = {}
     checks = {}
+    rounds: dict[tuple[str, str], list[str]] = {}
     for path in sorted(glob.glob(os.path.join(out, "*-*.json"))):
         tree = os.path.basename(path).split("-")[0]
         d = json.load(open(path))
@@ -34,6 +35,8 @@ def main(out: str) -> int:
             p["in"] += [x[0] for x in row["phases_all"]]
             p["out"] += [x[2] for x in row["phases_all"]]
             p["control"] += [x[0] + x[2] for x in row["phases_all"]]
+            rounds.setdefault((row["case"], tree), []).append(
+                f"{_pct([x[0] + x[2] for x in row['phases_all']], 50):.2f}")
     print("| case | tree | requests | init->Success p50 / p99 ms | control path p50 / p99 ms "
           "| init->first submit p50 / p99 ms | last write done->Success p50 / p99 ms |")
     print("|---|---|---:|---|---|---|---|")
@@ -41,6 +44,10 @@ def main(out: str) -> int:
         cells = [f"{_pct(p[k], 50):.2f} / {_pct(p[k], 99):.2f}"
                  for k in ("total", "control", "in", "out")]
         print(f"| {case} | {tree} | {len(p['total'])} | " + " | ".join(cells) + " |")
+    print()
+    print("control path p50 ms of each round (the rounds alternate before, after):")
+    for (case, tree), r in sorted(rounds.items()):
+        print(f"- {case}, {tree}: {', '.join(r)}")
     print()
     print("checks passed per file:", json.dumps(checks))
     return 0
