@@ -1,6 +1,7 @@
 """The control hub's sends from the caller's thread (Note [Sends from the caller's thread] in
 runtime/hub.py): a message leaves while the hub thread is busy, sends from many threads all
-arrive authenticated and in each thread's order, a send after close() is counted."""
+arrive authenticated and in each thread's order, a send after close() is counted, and
+prefill's worker answers Success while prefill's hub thread is held."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import threading
 
 import pytest
 from pdc.runtime import knobs
+from pdc.runtime.endpoints import KVPoll
 from pdc.runtime.hub import Hub
 
-from .failure_tools import wait_for
+from .failure_tools import fill, send_all, values, wait_for
 
 SECRET = "correct horse battery staple 0123"
 
@@ -116,3 +118,27 @@ def test_a_send_after_close_is_dropped_and_counted():
     client.connect("p1", "tcp://127.0.0.1:9")  # ignored: no socket opens after close
     client.send("p1", b"late")
     assert client.dropped == 2
+
+
+def test_prefills_worker_sends_success_while_prefills_hub_thread_is_held(pair):
+    """The worker seals and sends the Success itself: decode's request succeeds, every byte
+    in place, while prefill's hub thread sits in its timer (with the outbox it waited there)."""
+    knobs.override(peer_dead_after_s=60.0)  # the held hub thread sends no heartbeat meanwhile
+    fill(pair.ppools, [1, 2], 1, 7)
+    fill(pair.dpools, [1, 2], 1, 0)
+    rv = pair.dec.receiver(5)
+    rv.init([1, 2], 0, slot=1, aux_row=1)
+    s = pair.pre.sender(5)
+    wait_for(lambda: s.poll() == KVPoll.WaitingForInput, what="prefill holding the request")
+    hub, tick = pair.pre.hub, pair.pre.hub.on_tick
+    release, held = threading.Event(), threading.Event()
+    hub.on_tick = lambda: (held.set(), release.wait(30))
+    try:
+        wait_for(held.is_set, what="prefill's hub thread in its timer")
+        send_all(s, [1, 2], 1)
+        wait_for(lambda: rv.poll() == KVPoll.Success, what="Success at decode")
+        assert not release.is_set() and s.poll() == KVPoll.Success
+        assert values(pair.dpools, [1, 2], 1) == {7}
+    finally:
+        release.set()
+        hub.on_tick = tick
