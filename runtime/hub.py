@@ -24,7 +24,7 @@ lock, `_io`, and the hub thread holds it only while it reads, never while it wai
   `_io`, so a send right after it finds the socket (the outbox ordered the two before).
 - The caller pays for its message: sealing and sending (tens of µs) run on its thread.
   Measured on a 2-core CPU box, two processes, 1K requests: the control path's p50 fell
-  0.22-0.29 ms (-11 to -13 %, local and Mooncake engines; BENCHMARKS.md (r)).
+  0.22-0.41 ms (-11 to -18 %, local and Mooncake engines; BENCHMARKS.md (r)).
 - A send never blocks: a full queue (`control_queue_depth`) or a vanished peer drops the
   message and counts it in `dropped`; the request it belonged to fails by its deadline. A
   send after `close()` is dropped and counted.
