@@ -85,8 +85,8 @@ KNOBS = {k.name: k for k in (
     Knob("max_control_sessions", 4096, "sessions", "authenticated connections a control "
          "socket holds, and pending challenges besides; the oldest is forgotten first (its "
          "peer says hello again)"),
-    Knob("max_messages_per_tick", 256, "messages", "control messages the hub handles before "
-         "it serves its outbox and timers again (a flood cannot starve them)"),
+    Knob("max_messages_per_tick", 256, "messages", "control messages the hub reads from one "
+         "socket before it runs its timers again (a flood cannot starve them)"),
     Knob("control_queue_depth", 10000, "messages", "ZeroMQ high-water mark of each control "
          "connection; messages beyond it are dropped and counted, and the requests they "
          "belonged to fail by their deadlines"),

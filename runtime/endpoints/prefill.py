@@ -10,9 +10,10 @@ from collections import Counter, OrderedDict
 import numpy as np
 
 from .. import knobs
-from ..control import Hub, bootstrap_call
+from ..control import bootstrap_call
 from ..datapath import LocalBuffer
 from ..engines.base import TransferEngine
+from ..hub import Hub
 from ..indices import (
     PrefillChunk,
 )
