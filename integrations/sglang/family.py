@@ -62,10 +62,13 @@ from pdc.runtime.plan_types import Plan, RankId
 from pdc.runtime.pools import EnginePools, RegistrationMismatch, address_device, engine_device
 from pdc.runtime.spec_path import find_family, search_folders
 
+from . import qsa
 from .dsa import DSA_INDEX, check_registered, dsa_buffers_of
 from .regions import RefusedModel, Region
 
 ENGINE = "sglang"  # the engine a spec's `serves` names for this backend
+# page components SGLang registers as state, not in kv_data_ptrs, each in its own dtype
+STATE_PAGES = (*DSA_INDEX, "qsa_compressed")
 
 # Note [SGLang aux row]: get_buf_infos order with SGLang's default settings.
 AUX_FIELDS = (
@@ -213,7 +216,7 @@ def draft_page_components(layout: FamilyLayout) -> tuple[str, ...]:
     ones that may hold no layers, when the band is empty), in spec order."""
     draft = set(layout.draft_ids)
     return tuple(c.name for c in layout.components
-                 if c.index == "page" and set(c.layer_ids) <= draft and c.name not in DSA_INDEX)
+                 if c.index == "page" and set(c.layer_ids) <= draft and c.name not in STATE_PAGES)
 
 
 def buffers_of(kv_args, page_tensors=(("kv", "k"), ("kv", "v")), layout=None,
@@ -334,24 +337,36 @@ def state_buffers_of(kv_args, slot_components=("gdn_conv", "gdn_ssm"), locate=ad
     pool's list is every layer's conv state, then every layer's temporal state
     (MambaPool.get_contiguous_buf_infos), `state_layer_ids` naming each entry's layer. Its
     items are slots: SGLang sends the request's slot in `state_indices` with the last chunk.
-    A DSA pool's indexer keys are page-indexed (Note [SGLang DSA indexer keys] in dsa.py);
-    other state types (SWA, ...) are refused by name until a spec declares them."""
+    A DSA pool's indexer keys are page-indexed (Note [SGLang DSA indexer keys] in dsa.py), a
+    QSA pool's state ring- and page-indexed (Note [SGLang QSA state] in qsa.py); other state
+    types (SWA, ...) are refused by name until a spec declares them."""
     out: dict[tuple[str, str, int], Region] = {}
     types = [str(getattr(t, "value", t)) for t in getattr(kv_args, "state_types", None) or []]
     check_registered(types, layout)
+    qsa.check_registered(types, layout)
     for i, kind in enumerate(types):
         if kind == "dsa":
             out.update(dsa_buffers_of(kv_args, i, layout, locate))
             continue
+        if kind in qsa.QSA_TYPES:
+            out.update(qsa.qsa_buffers_of(kv_args, i, kind, layout, locate))
+            continue
         if kind != "mamba":
             why = f" ({UNCARRIED_STATE[kind]})" if kind in UNCARRIED_STATE else ""
             raise RefusedModel(f"pdc: SGLang registered {kind!r} state buffers{why}; pdc's "
-                               "SGLang specs carry mamba slot state and DSA indexer keys only "
-                               "so far")
+                               "SGLang specs carry mamba slot state, DSA indexer keys and QSA "
+                               "indexer state only so far")
         ptrs, lens = kv_args.state_data_ptrs[i], kv_args.state_data_lens[i]
         items = kv_args.state_item_lens[i]
         layer_ids = list((getattr(kv_args, "state_layer_ids", None) or [[]] * (i + 1))[i])
         blocks = len(slot_components)
+        first = layout.component(slot_components[0]) if layout and slot_components else None
+        if first is not None and len(ptrs) != blocks * len(first.layer_ids):
+            raise RefusedModel(
+                f"pdc: SGLang registered {len(ptrs)} mamba state buffers, {layout.family}'s "
+                f"{', '.join(slot_components)} take {blocks * len(first.layer_ids)} ({blocks} "
+                f"per GDN layer, {first.loc}); hint: slot state of other layers (Qwen3.8's PLE "
+                "short-conv and n-gram state, ple_layer_ids) is not described by pdc's specs")
         if len(ptrs) % blocks:
             raise RefusedModel(f"pdc: SGLang registered {len(ptrs)} mamba state buffers, not "
                                f"{blocks} per layer ({', '.join(slot_components)})")
@@ -373,9 +388,11 @@ def aux_buffers_of(kv_args, locate=address_device) -> dict[tuple[str, str], Regi
     if len(ptrs) != len(AUX_FIELDS):
         raise RefusedModel(
             f"pdc: SGLang registered {len(ptrs)} aux buffers, pdc's SGLang specs declare "
-            f"{len(AUX_FIELDS)} ({', '.join(AUX_FIELDS)}); turn off "
-            "SGLANG_ENABLE_DISAGG_SAMPLING_MASK, --disaggregation-enable-kv-checksum and "
-            "DSA top-k seeding, which add buffers")
+            f"{len(AUX_FIELDS)} ({', '.join(AUX_FIELDS)}); SGLang adds 3 for "
+            "SGLANG_ENABLE_DISAGG_SAMPLING_MASK, 1 for --disaggregation-enable-kv-checksum and 1 "
+            "for the DSA top-k seed (output_dsa_topk_indices: a DSA model whose config sets "
+            "index_share_for_mtp_iteration, GLM-5.2's IndexShare), which pdc's specs do not "
+            "carry yet; hint: turn off the first two (docs/sglang.md \"DSA top-k seed\")")
     out = {}
     for name, ptr, nbytes, item in zip(AUX_FIELDS, ptrs, lens, items, strict=True):
         comp = AUX_SINGLE.get(name)
@@ -447,7 +464,7 @@ def engine_pools(layout: FamilyLayout, plan: Plan, side: str, rank: RankId,
                 region = kv.get((name, tensor, layer_id))
                 # the KV dtype names the page pools; slot state keeps its own (GDN's
                 # recurrent state is float32 in a bfloat16 model)
-                if region is not None and comp.index == "page" and name not in DSA_INDEX \
+                if region is not None and comp.index == "page" and name not in STATE_PAGES \
                         and kv_dtype not in ("", "auto", comp.dtype):
                     raise RefusedModel(f"pdc: {layout.family} ({comp.loc}) holds {name} in "
                                        f"{comp.dtype}, the server's KV cache is {kv_dtype}")
@@ -494,9 +511,10 @@ def _tensors_of(layout: FamilyLayout, index: str) -> tuple[tuple[str, str], ...]
 
 
 def _kv_tensors(layout: FamilyLayout) -> tuple[tuple[str, str], ...]:
-    """The page tensors SGLang registers in kv_data_ptrs: all but the DSA indexer keys,
-    which come as state (Note [SGLang DSA indexer keys] in dsa.py)."""
-    return tuple(t for t in _tensors_of(layout, "page") if t[0] not in DSA_INDEX)
+    """The page tensors SGLang registers in kv_data_ptrs: all but the DSA indexer keys and
+    the QSA compressed keys, which come as state (Notes [SGLang DSA indexer keys] in dsa.py,
+    [SGLang QSA state] in qsa.py)."""
+    return tuple(t for t in _tensors_of(layout, "page") if t[0] not in STATE_PAGES)
 
 
 def _single_field(component: str) -> str:

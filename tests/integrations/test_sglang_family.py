@@ -117,7 +117,8 @@ def test_an_unknown_architecture_is_refused_naming_where_pdc_looked(model_dir, m
         f"pdc: the served model ({path}): pdc has no spec for architecture MambaForCausalLM "
         "served by sglang; looked in: PDC_SPEC_PATH is not set; pdc's package (sglang specs "
         "for DeepseekV2ForCausalLM, DeepseekV32ForCausalLM, DeepseekV3ForCausalLM, "
-        "GlmMoeDsaForCausalLM, LlamaForCausalLM, Qwen3ForCausalLM, Qwen3NextForCausalLM)",
+        "GlmMoeDsaForCausalLM, LlamaForCausalLM, Qwen3ForCausalLM, Qwen3NextForCausalLM, "
+        "Qwen4ExpForConditionalGeneration)",
         "  hint: write a spec with `serves: {engine: sglang, architectures: "
         "[MambaForCausalLM]}` (docs/adding-a-family.md) into a folder and name it in "
         "PDC_SPEC_PATH"]
@@ -264,10 +265,10 @@ def test_a_hybrid_state_of_another_dtype_is_refused_naming_both_sides(model_dir)
 
 def test_a_state_type_without_a_spec_is_refused_by_name(model_dir):
     args = _seed_kv_args("qwen3-next")
-    args.state_types = ["qsa_pending"]
-    with pytest.raises(F.RefusedModel, match="SGLang registered 'qsa_pending' state buffers; "
-                                             "pdc's SGLang specs carry mamba slot state and "
-                                             "DSA indexer keys only so far"):
+    args.state_types = ["swa_ring"]
+    with pytest.raises(F.RefusedModel, match="SGLang registered 'swa_ring' state buffers; "
+                                             "pdc's SGLang specs carry mamba slot state, DSA "
+                                             "indexer keys and QSA indexer state only so far"):
         F.served_family(model_dir("Qwen3NextForCausalLM", **QWEN3_NEXT), args, 1, 0)
 
 
@@ -303,11 +304,13 @@ def test_the_negative_control_faults_read_another_page_or_slot(monkeypatch):
     assert faults.apply(6, [40, 41], last=True) == [40, 41]
     assert [faults.apply_slot(6, s) for s in (3, 0, -1)] == [2, 1, -1]
     assert faults.apply_slot(5, 3) == 3
+    monkeypatch.setattr(faults, "_PLANNED", {8: "wrong_ring"})  # the QSA ring's row only
+    assert (faults.apply_slot(8, 3, "wrong_ring"), faults.apply_slot(8, 3)) == (2, 3)
     monkeypatch.setenv(faults.ENV, "wrong_state@7")
     with pytest.raises(ValueError) as e:
         faults.planned()
     assert str(e.value) == ("PDC_SGLANG_FAULTS: 'wrong_state@7' is not KIND@ROOM with KIND one "
-                            "of page_out_of_range, extra_page, wrong_page, wrong_slot")
+                            "of page_out_of_range, extra_page, wrong_page, wrong_slot, wrong_ring")
 
 
 def test_decode_servers_are_named_by_advertised_address_and_port():
@@ -590,7 +593,8 @@ def test_the_dsa_kpool_tail_is_refused_by_name(model_dir):
     assert str(e.value) == (
         f"pdc: DeepseekV32ForCausalLM ({path}) does not fit its spec: SGLang registered "
         "'dsa_tail' state buffers (the DSA indexer's kpool-compress tail, index_kpool > 1); "
-        "pdc's SGLang specs carry mamba slot state and DSA indexer keys only so far")
+        "pdc's SGLang specs carry mamba slot state, DSA indexer keys and QSA indexer state only "
+        "so far")
 
 
 def test_sglangs_dsa_page_list_must_be_the_requests_pages():
