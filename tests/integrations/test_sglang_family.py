@@ -263,6 +263,24 @@ def test_a_hybrid_state_of_another_dtype_is_refused_naming_both_sides(model_dir)
         "of TP 1")
 
 
+def test_slot_state_beyond_the_gdn_layers_is_refused_naming_the_spec(model_dir):
+    # Qwen3.8's PLE short-conv and n-gram state rides the mamba slot as extra entries
+    # (MambaPool's slot siblings); the spec describes the GDN layers' conv and temporal only
+    args = _seed_kv_args("qwen3-next")
+    args.state_data_ptrs[0] += args.state_data_ptrs[0][:2]
+    args.state_data_lens[0] += args.state_data_lens[0][:2]
+    args.state_item_lens[0] += args.state_item_lens[0][:2]
+    args.state_layer_ids[0] += [(1 << 32) - 1, (1 << 32) - 1]
+    path = model_dir("Qwen3NextForCausalLM", **QWEN3_NEXT)
+    with pytest.raises(F.RefusedModel) as e:
+        F.served_family(path, args, 1, 0)
+    assert str(e.value) == (
+        f"pdc: Qwen3NextForCausalLM ({path}) does not fit its spec: SGLang registered 8 mamba "
+        "state buffers, sglang-qwen3-next's gdn_conv, gdn_ssm take 6 (2 per GDN layer, "
+        "specs/sglang-qwen3-next.yaml:58:3); hint: slot state of other layers (Qwen3.8's PLE "
+        "short-conv and n-gram state, ple_layer_ids) is not described by pdc's specs")
+
+
 def test_a_state_type_without_a_spec_is_refused_by_name(model_dir):
     args = _seed_kv_args("qwen3-next")
     args.state_types = ["swa_ring"]

@@ -64,12 +64,15 @@ def _pool(layers: int, dsa: bool = True):
 class Scheduler:
     """One SGLang scheduler's transfer state: its pools, KVArgs, pdc's manager."""
 
-    def __init__(self, mode, model: str, bootstrap_port: int, draft: bool, dsa: bool = True):
+    def __init__(self, mode, model: str, bootstrap_port: int, draft: bool, dsa: bool = True,
+                 topk_seed: int = 0):
         self.target = _pool(2, dsa)
         self.draft = _pool(1, dsa) if draft else None
+        # topk_seed: the DSA top-k seed's width, scheduler.py's get_dsa_seed_metadata_dim
         self.meta = MetadataBuffers(ROWS, hidden_size=HIDDEN if draft else 16,
                                     hidden_states_dtype=torch.float32,
-                                    max_sampling_mask_tokens=16)
+                                    max_sampling_mask_tokens=16,
+                                    output_dsa_topk_indices_dim=topk_seed)
         args = KVArgs()
         args.engine_rank = 0
         args.kv_data_ptrs, args.kv_data_lens, args.kv_item_lens = \
@@ -111,11 +114,11 @@ class Scheduler:
         return out
 
 
-def _model(tmp, arch: str, draft: bool, dsa: bool = True) -> str:
-    model = tmp / f"{arch}-{int(draft)}-{int(dsa)}"
+def _model(tmp, arch: str, draft: bool, dsa: bool = True, **extra) -> str:
+    model = tmp / f"{arch}-{int(draft)}-{int(dsa)}{''.join(extra)}"
     model.mkdir()
     config = dict(TINY_MODELS["deepseek-mla"][2], architectures=[arch],
-                  **(DSA if dsa else {}))
+                  **(DSA if dsa else {}), **extra)
     if draft:
         config["num_nextn_predict_layers"] = 1
     (model / "config.json").write_text(json.dumps(config))
@@ -314,3 +317,24 @@ def test_the_v32_spec_against_a_plain_mla_pool_is_refused_naming_both(pair):
         "pool is not a DSATokenToKVPool: SGLang serves a model as DSA only when its "
         "config.json sets index_topk, configs/model_config.py is_deepseek_dsa); hint: serve "
         "a model without index_topk with specs/sglang-deepseek-mla.yaml")
+
+
+def test_the_dsa_top_k_seed_row_is_refused_naming_its_config_key(pair):
+    # GLM-5.2's IndexShare (index_share_for_mtp_iteration): SGLang's MetadataBuffers adds the
+    # top-k seed field (index_topk + index_kpool - 1 int32, disaggregation/utils.py
+    # get_dsa_seed_metadata_dim) before the room; pdc's spec has no optional aux field yet
+    # (docs/sglang.md "DSA top-k seed"), so the server is refused, not misread
+    model = _model(pair.tmp, "GlmMoeDsaForCausalLM", pair.draft,
+                   index_share_for_mtp_iteration=True)
+    with pytest.raises(RefusedModel) as e:
+        Scheduler(DisaggregationMode.PREFILL, model, pair.port, pair.draft, topk_seed=8)
+    assert str(e.value) == (
+        f"pdc: GlmMoeDsaForCausalLM ({model}) does not fit its spec: SGLang registered 11 aux "
+        "buffers, pdc's SGLang specs declare 10 (output_ids, cached_tokens, "
+        "output_token_logprobs_val, output_token_logprobs_idx, output_top_logprobs_val, "
+        "output_top_logprobs_idx, output_topk_p, output_topk_index, output_hidden_states, "
+        "bootstrap_room); SGLang adds 3 for SGLANG_ENABLE_DISAGG_SAMPLING_MASK, 1 for "
+        "--disaggregation-enable-kv-checksum and 1 for the DSA top-k seed "
+        "(output_dsa_topk_indices: a DSA model whose config sets "
+        "index_share_for_mtp_iteration, GLM-5.2's IndexShare), which pdc's specs do not carry "
+        "yet; hint: turn off the first two (docs/sglang.md \"DSA top-k seed\")")
