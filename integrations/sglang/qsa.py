@@ -79,7 +79,7 @@ def qsa_buffers_of(kv_args, i: int, kind: str, layout: FamilyLayout | None, loca
         name = "qsa_rope" if kind == "qsa_pending" and layer == ROPE_LAYER_ID else names[0]
         comp = _component(layout, name)
         rows = comp.ring_rows if comp.index == "ring" else 1
-        where = "request-wide" if layer == ROPE_LAYER_ID else f"of layer {layer}"
+        where = "(request-wide)" if layer == ROPE_LAYER_ID else f"of layer {layer}"
         if item % rows:
             raise RefusedModel(
                 f"pdc: SGLang's {WHAT[name]} {where} holds {item} bytes per request, not "
@@ -87,7 +87,8 @@ def qsa_buffers_of(kv_args, i: int, kind: str, layout: FamilyLayout | None, loca
                 f"of {comp.item_bytes} bytes); hint: the ring's rows are the config's "
                 "indexer_compress_ratio")
         out[(name, "data", layer)] = Region(int(ptr), int(nbytes), int(item) // rows,
-                                            f"SGLang's {WHAT[name]} {where}", locate(int(ptr)))
+                                            f"SGLang's {WHAT[name]} buffer {where}",
+                                            locate(int(ptr)))
     return out
 
 

@@ -64,7 +64,7 @@ def text_config(qsa: bool = True) -> dict:
                 **(QSA if qsa else {}))
 
 
-def _pool(qsa: bool = True):
+def _pool(qsa: bool = True, ratio: int = RATIO):
     """The pool SGLang's model runner builds for the model on a CPU
     (mem_cache/kv_cache_configurator.py: QSATokenToKVPool when the config has a QSA profile,
     else HybridLinearKVPool), its GDN layers' MambaPool inside."""
@@ -79,7 +79,7 @@ def _pool(qsa: bool = True):
         if not qsa:
             return HybridLinearKVPool(**common)
         return QSATokenToKVPool(**common, qsa_index_kv_heads=1, qsa_index_head_dim=32,
-                                qsa_compress_ratio=RATIO, qsa_token_topk=2048,
+                                qsa_compress_ratio=ratio, qsa_token_topk=2048,
                                 num_request_slots=ROWS)
 
 
@@ -91,8 +91,9 @@ def _bytes(ptr: int, nbytes: int, item: int) -> torch.Tensor:
 class Scheduler:
     """One SGLang scheduler's transfer state: its pools, KVArgs, pdc's manager."""
 
-    def __init__(self, mode, model: str, bootstrap_port: int, qsa: bool = True):
-        self.pool = _pool(qsa)
+    def __init__(self, mode, model: str, bootstrap_port: int, qsa: bool = True,
+                 ratio: int = RATIO):
+        self.pool = _pool(qsa, ratio)
         self.meta = MetadataBuffers(ROWS, hidden_size=16, hidden_states_dtype=torch.float32,
                                     max_sampling_mask_tokens=16)
         args = KVArgs()
@@ -376,3 +377,17 @@ def test_a_qwen4_exp_config_without_the_indexer_breaks_the_spec_naming_its_keys(
             f"{' ' * (col + 1)}^\n"
             f"  hint: serve a model whose config.json sets 'text_config.{key}', or give the "
             "param a `default`\n" for line, col, name, key, example in errors) + "3 errors"
+
+
+def test_a_pool_of_another_compress_ratio_is_refused_naming_the_ring(pair):
+    # the config says ratio 4, SGLang's pool rings 2 rows a request (8 rows a page compressed)
+    with pytest.raises(RefusedModel) as e:
+        Scheduler(DisaggregationMode.PREFILL, pair.model, pair.port, ratio=2)
+    assert str(e.value) == (
+        f"pdc: Qwen4ExpForConditionalGeneration ({pair.model}) does not fit its spec: "
+        "sglang-qwen38 does not fit the served model's buffers: specs/sglang-qwen38.yaml:65:3: "
+        "error: SGLang's QSA compressed index keys buffer of layer 3 holds items of [1024] "
+        "bfloat16 = 2048 B; the spec's component 'qsa_compressed' expects items of [16, 1, 32] "
+        "bfloat16 = 1024 B on a rank of TP 1\n"
+        "  hint: the engine's model config (heads, head size, block size, dtype) and the "
+        "spec's params must agree, and so must both sides' TP")
