@@ -79,7 +79,7 @@ AUX_FIELDS = (
 # aux components with one tensor carry it under the component's name in the spec
 AUX_SINGLE = {"output_top_logprobs_val": "aux_top_val", "output_top_logprobs_idx": "aux_top_idx",
               "output_topk_index": "aux_topk_index", "output_hidden_states": "aux_hidden",
-              "bootstrap_room": "aux_room"}
+              "bootstrap_room": "aux_room", "output_dsa_topk_indices": "aux_dsa_topk"}
 
 
 @dataclass(frozen=True)
@@ -382,19 +382,30 @@ def state_buffers_of(kv_args, slot_components=("gdn_conv", "gdn_ssm"), locate=ad
     return out
 
 
-def aux_buffers_of(kv_args, locate=address_device) -> dict[tuple[str, str], Region]:
+def aux_fields(layout: FamilyLayout | None) -> tuple[str, ...]:
+    """SGLang's aux fields in get_buf_infos order for this family: the default ones, and the
+    DSA top-k seed before the room where the bound family holds it (docs/sglang.md "DSA
+    top-k seed")."""
+    seed = layout is not None and any(c.name == "aux_dsa_topk" and c.stages != "none"
+                                      for c in layout.components)
+    return AUX_FIELDS[:-1] + ("output_dsa_topk_indices",) * seed + AUX_FIELDS[-1:]
+
+
+def aux_buffers_of(kv_args, locate=address_device,
+                   layout: FamilyLayout | None = None) -> dict[tuple[str, str], Region]:
     """SGLang's aux buffers as (component, tensor) -> region; Note [SGLang aux row]."""
     ptrs, lens, items = kv_args.aux_data_ptrs, kv_args.aux_data_lens, kv_args.aux_item_lens
-    if len(ptrs) != len(AUX_FIELDS):
+    fields = aux_fields(layout)
+    if len(ptrs) != len(fields):
+        who = layout.family if layout is not None else "pdc's SGLang spec"
         raise RefusedModel(
-            f"pdc: SGLang registered {len(ptrs)} aux buffers, pdc's SGLang specs declare "
-            f"{len(AUX_FIELDS)} ({', '.join(AUX_FIELDS)}); SGLang adds 3 for "
-            "SGLANG_ENABLE_DISAGG_SAMPLING_MASK, 1 for --disaggregation-enable-kv-checksum and 1 "
-            "for the DSA top-k seed (output_dsa_topk_indices: a DSA model whose config sets "
-            "index_share_for_mtp_iteration, GLM-5.2's IndexShare), which pdc's specs do not "
-            "carry yet; hint: turn off the first two (docs/sglang.md \"DSA top-k seed\")")
+            f"pdc: SGLang registered {len(ptrs)} aux buffers, {who} declares {len(fields)} "
+            f"({', '.join(fields)}); SGLang adds 3 for SGLANG_ENABLE_DISAGG_SAMPLING_MASK and 1 "
+            "for --disaggregation-enable-kv-checksum, which pdc's specs do not carry, and 1 for "
+            "the DSA top-k seed where a DSA model's config sets index_share_for_mtp_iteration; "
+            "hint: turn off the first two (docs/sglang.md \"DSA top-k seed\")")
     out = {}
-    for name, ptr, nbytes, item in zip(AUX_FIELDS, ptrs, lens, items, strict=True):
+    for name, ptr, nbytes, item in zip(fields, ptrs, lens, items, strict=True):
         comp = AUX_SINGLE.get(name)
         if comp is None:
             comp = "aux_i32" if name in ("output_ids", "cached_tokens",
@@ -451,7 +462,7 @@ def engine_pools(layout: FamilyLayout, plan: Plan, side: str, rank: RankId,
     kv = buffers_of(kv_args, _kv_tensors(layout), layout)
     kv.update(state_buffers_of(kv_args, tuple(c for c, _ in _tensors_of(layout, "slot")),
                                layout=layout))
-    aux = aux_buffers_of(kv_args)
+    aux = aux_buffers_of(kv_args, layout=layout)
     if kv_dtype is None:
         kv_dtype = served_kv_dtype(kv_args)
     tensors, labels = {}, {}
@@ -487,7 +498,7 @@ def served_device(layout: FamilyLayout, kv_args, locate=address_device) -> str:
     regions = [*buffers_of(kv_args, _kv_tensors(layout), layout, locate).values(),
                *state_buffers_of(kv_args, tuple(c for c, _ in _tensors_of(layout, "slot")),
                                  locate, layout).values(),
-               *aux_buffers_of(kv_args, locate).values()]
+               *aux_buffers_of(kv_args, locate, layout).values()]
     try:
         chosen = engine_device({r.what: r.device for r in regions}, layout.spec_path,
                                owner="SGLang's buffers of this rank", hint=MIXED_HINT,

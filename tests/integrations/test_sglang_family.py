@@ -146,8 +146,8 @@ def test_a_llama_whose_buffers_are_not_its_config_is_refused_with_the_difference
 
 def test_extra_aux_buffers_are_refused_naming_the_settings(model_dir):
     fields = F.AUX_FIELDS + ("kv_checksum",)
-    with pytest.raises(F.RefusedModel, match="SGLang registered 11 aux buffers, pdc's SGLang "
-                                             "specs declare 10"):
+    with pytest.raises(F.RefusedModel, match="SGLang registered 11 aux buffers, sglang-llama "
+                                             "declares 10"):
         F.served_family(model_dir("LlamaForCausalLM"), _kv_args(aux_fields=fields), 1, 0)
 
 
@@ -588,7 +588,7 @@ def test_indexshare_placeholders_are_refused_by_name(model_dir):
         f"pdc: DeepseekV32ForCausalLM ({path}) does not fit its spec: SGLang registered 0-row "
         "DSA indexer buffers for KVArgs entries [1] (IndexShare: layers that reuse the "
         "previous layer's top-k, `indexer_types` in the config); sglang-deepseek-v32's "
-        "index_k (specs/sglang-deepseek-v32.yaml:64:3) holds keys for every layer")
+        "index_k (specs/sglang-deepseek-v32.yaml:70:3) holds keys for every layer")
 
 
 def test_a_dsa_buffer_count_off_the_spec_is_refused_naming_both(model_dir):
@@ -598,8 +598,8 @@ def test_a_dsa_buffer_count_off_the_spec_is_refused_naming_both(model_dir):
     assert str(e.value) == (
         f"pdc: DeepseekV32ForCausalLM ({path}) does not fit its spec: SGLang registered 3 DSA "
         "indexer-key buffers, sglang-deepseek-v32's index_k "
-        "(specs/sglang-deepseek-v32.yaml:64:3) and draft_index_k "
-        "(specs/sglang-deepseek-v32.yaml:70:3) take 2 (2 target layers, 0 draft layers); "
+        "(specs/sglang-deepseek-v32.yaml:70:3) and draft_index_k "
+        "(specs/sglang-deepseek-v32.yaml:76:3) take 2 (2 target layers, 0 draft layers); "
         "hint: the target's come first, then the MTP draft pool's "
         "(disaggregation/utils.py setup_state_kv_args)")
 
