@@ -13,8 +13,8 @@ with the first difference, so the message says which spec to write or fix.
 Note [SGLang aux row]: SGLang's MetadataBuffers registers one buffer per field, in the order
 of `MetadataBuffers.get_buf_infos` (disaggregation/utils.py); pdc's spec names each field as
 a tensor of an aux component. AUX_FIELDS is that order for the buffers SGLang registers by
-default; optional fields (sampling mask, DSA top-k, KV checksum) change the list and are
-refused by name.
+default; the DSA top-k seed goes before the room where the bound family holds `aux_dsa_topk`
+(`aux_fields`); the other optional fields (sampling mask, KV checksum) are refused by name.
 
 Note [SGLang memory kinds]: on a GPU SGLang 0.5.23 allocates its KV pools on the scheduler's
 GPU (`mem_cache/memory_pool.py:2580-2648`, MHATokenToKVPool._create_buffers_normal: K and V of
