@@ -143,6 +143,14 @@ class _SpecBuilder(ModelParser):
                                  f"component '{name}' names unknown layer kind "
                                  f"'{st['with_kind']}'",
                                  f"known kinds: {', '.join(sorted(self.known_kinds(layers)))}")
+        if "present" in raw:  # Note [Present components] in runtime/binding.py
+            if not request_wide:
+                self.diags.error(self.doc.key_loc(base + ("present",)),
+                                 f"component '{name}' sets `present` but is not request-wide",
+                                 "a per-layer component is present where its layers are; "
+                                 "remove `present`")
+            elif self.eval(raw["present"], base + ("present",), "present") == 0:
+                stages = "none"
         tensors = tuple(raw.get("tensors", ["data"]))
         if len(set(tensors)) != len(tensors):
             self.diags.error(self.doc.loc(base + ("tensors",)),

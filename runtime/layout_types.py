@@ -97,7 +97,7 @@ class ComponentLayout:
     item_bytes: int  # bytes of one full (unsharded) item
     shard: ShardGeometry | None  # None = replicated across attention TP
     send: str  # every_chunk | last_chunk
-    stages: str  # request-wide ownership: all | first | last | kind:<k>
+    stages: str  # request-wide ownership: all | first | last | kind:<k> | none
     loc: str  # "spec.yaml:line:col" of the component, for messages
     # Page state on a decode prefix-cache hit (Note [Prefix skip]): "skip" = pages decode
     # already holds are not sent; "send" = every page is sent (decode's cache lacks this state).

@@ -75,7 +75,6 @@ from sglang.srt.disaggregation.base.conn import (
 )
 from sglang.srt.disaggregation.utils import DisaggregationMode
 
-from .dsa import dsa_pages, page_list_error
 from .family import (
     RefusedModel,
     decode_instance,
@@ -88,7 +87,8 @@ from .family import (
 )
 from .faults import apply as apply_faults
 from .faults import apply_slot as apply_slot_fault
-from .regions import state_entry
+from .qsa import ring_slot, state_pages_error
+from .regions import mamba_slot as _slot
 
 logger = logging.getLogger(__name__)
 
@@ -125,15 +125,6 @@ def _parse_side(text: str, what: str) -> dict[str, int]:
             raise RefusedModel(f"pdc: {what}={text!r}: expected tp=N,pp=N,dp=N with N >= 1")
         out[key] = int(value)
     return out
-
-
-def _slot(state_indices, state_types=None) -> int:
-    """The request's mamba slot from SGLang's `state_indices` (one entry per state type of
-    KVArgs.state_types, the mamba one an array holding the slot; Note [SGLang mamba state] in
-    family.py), or -1 when the model keeps no slot state; a DSA pool's pages are no slot."""
-    entries = [state_entry(state_indices, state_types, "mamba")] if state_types else \
-        list(state_indices or ())
-    return next((int(e[0]) for e in entries if e is not None and len(e)), -1)
 
 
 def parallel_layout(server_args):
@@ -438,17 +429,19 @@ class PdcKVSender(BaseKVSender):
         elif self.pages_sent > self.num_pages:
             self.error = (f"SGLang sent pages {start}..{self.pages_sent - 1}, but init() said "
                           f"the request has {self.num_pages}")
-        elif last:  # Note [SGLang DSA indexer keys]
-            self.error = page_list_error(dsa_pages(state_indices, types), self.page_list)
+        elif last:  # Notes [SGLang DSA indexer keys], [SGLang QSA state]
+            self.error = state_pages_error(state_indices, types, self.page_list,
+                                           self.prefix_tokens // self.kv_mgr.page_size)
         if self.error:
             self.sender.abort()
             return
         pages = apply_faults(self.bootstrap_room, pages, last)
         prefix_pages = self.prefix_tokens // self.kv_mgr.page_size
-        slot = apply_slot_fault(self.bootstrap_room, _slot(state_indices, types)) if last \
-            else -1
+        room = self.bootstrap_room
+        slot, ring = (apply_slot_fault(room, _slot(state_indices, types)), apply_slot_fault(
+            room, ring_slot(state_indices, types), "wrong_ring")) if last else (-1, -1)
         self.sender.send(pages, prefix_pages + start, last, self.prefix_tokens + self.tokens_sent,
-                         slot=slot, aux_row=self.aux_index if last else -1)
+                         slot=slot, ring_slot=ring, aux_row=self.aux_index if last else -1)
 
     def poll(self) -> KVPoll:
         if self.error:
@@ -538,14 +531,15 @@ class PdcKVReceiver(BaseKVReceiver):
             return
         types = getattr(self.kv_mgr.kv_args, "state_types", None)
         own = [int(x) for x in kv_indices]
-        wrong = page_list_error(dsa_pages(state_indices, types), own)
-        if wrong:  # Note [SGLang DSA indexer keys]
+        wrong = state_pages_error(state_indices, types, own, prefix // page_size)
+        if wrong:  # Notes [SGLang DSA indexer keys], [SGLang QSA state]
             self.error = wrong
             self.receiver.abort(wait=False)
             return
         # Note [SGLang decode prefix]: page 0 at the positions decode holds already
         pages = [0] * (prefix // page_size) + own
         self.receiver.init(pages, prefix, slot=_slot(state_indices, types),
+                           ring_slot=ring_slot(state_indices, types),
                            aux_row=-1 if aux_index is None else int(aux_index))
 
     def poll(self) -> KVPoll:

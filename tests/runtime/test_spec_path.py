@@ -113,7 +113,7 @@ def test_an_architecture_found_nowhere_names_every_place(folder, tmp_path):
         f"{folder} (sglang specs for GPTNeoXForCausalLM); {missing} (not a folder); pdc's "
         f"package (sglang specs for DeepseekV2ForCausalLM, DeepseekV32ForCausalLM, "
         f"DeepseekV3ForCausalLM, GlmMoeDsaForCausalLM, LlamaForCausalLM, Qwen3ForCausalLM, "
-        f"Qwen3NextForCausalLM)")
+        f"Qwen3NextForCausalLM, Qwen4ExpForConditionalGeneration)")
 
 
 def test_the_package_serves_what_its_specs_say():

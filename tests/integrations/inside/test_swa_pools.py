@@ -76,5 +76,5 @@ def test_pdc_refuses_the_swa_pool_at_start_naming_it(swa):
     assert str(e.value) == (
         f"pdc: LlamaForCausalLM ({swa.model}) does not fit its spec: SGLang registered 'swa' "
         "state buffers (the sliding-window layers' own pool, SWAKVPool: pages of its own page "
-        "space, the window's only); pdc's SGLang specs carry mamba slot state and DSA indexer "
-        "keys only so far")
+        "space, the window's only); pdc's SGLang specs carry mamba slot state, DSA indexer "
+        "keys and QSA indexer state only so far")
