@@ -88,7 +88,9 @@ from .family import (
 )
 from .faults import apply as apply_faults
 from .faults import apply_slot as apply_slot_fault
-from .regions import state_entry
+from .layerwise import SendsAhead
+from .layerwise import setup as layerwise_setup
+from .regions import mamba_slot as _slot
 
 logger = logging.getLogger(__name__)
 
@@ -125,15 +127,6 @@ def _parse_side(text: str, what: str) -> dict[str, int]:
             raise RefusedModel(f"pdc: {what}={text!r}: expected tp=N,pp=N,dp=N with N >= 1")
         out[key] = int(value)
     return out
-
-
-def _slot(state_indices, state_types=None) -> int:
-    """The request's mamba slot from SGLang's `state_indices` (one entry per state type of
-    KVArgs.state_types, the mamba one an array holding the slot; Note [SGLang mamba state] in
-    family.py), or -1 when the model keeps no slot state; a DSA pool's pages are no slot."""
-    entries = [state_entry(state_indices, state_types, "mamba")] if state_types else \
-        list(state_indices or ())
-    return next((int(e[0]) for e in entries if e is not None and len(e)), -1)
 
 
 def parallel_layout(server_args):
@@ -217,6 +210,9 @@ class PdcKVManager(BaseKVManager):
                                       self.family.kv_dtype)
             # Note [SGLang idle prefill rank]
             self.writes = bool(self.plan.links_from(self.rank))
+            self.sent_ahead = self.swapped_pages = 0  # Note [SGLang per-layer sends]
+            self.swapped: list = []  # Note [SGLang swapped pages]
+            self.layerwise, self.layer_ids = layerwise_setup(self)
             self.endpoint: PrefillEndpoint | None = None
             self.endpoint_error = ""
             port = int(server_args.disaggregation_bootstrap_port)
@@ -350,7 +346,7 @@ class PdcKVManager(BaseKVManager):
         return False  # pdc checks its own link digests (knob `checksum`)
 
 
-class PdcKVSender(BaseKVSender):
+class PdcKVSender(SendsAhead, BaseKVSender):
     """Prefill's side of one request: SGLang's chunks become pdc chunks with absolute page
     positions (Note [Absolute page positions] in pdc.runtime.indices).
 
@@ -444,11 +440,15 @@ class PdcKVSender(BaseKVSender):
             self.sender.abort()
             return
         pages = apply_faults(self.bootstrap_room, pages, last)
+        rest = self.match_ahead(pages)  # Note [SGLang per-layer sends]
+        if not rest and not last:
+            return
         prefix_pages = self.prefix_tokens // self.kv_mgr.page_size
         slot = apply_slot_fault(self.bootstrap_room, _slot(state_indices, types)) if last \
             else -1
-        self.sender.send(pages, prefix_pages + start, last, self.prefix_tokens + self.tokens_sent,
-                         slot=slot, aux_row=self.aux_index if last else -1)
+        self.sender.send(rest, prefix_pages + start + len(pages) - len(rest), last,
+                         self.prefix_tokens + self.tokens_sent, slot=slot,
+                         aux_row=self.aux_index if last else -1)
 
     def poll(self) -> KVPoll:
         if self.error:
