@@ -110,8 +110,12 @@ def around_run_batch(original, sched, batch, *args, **kwargs):
         drain_swapped(mgr)
     try:
         fwd = _begin(sched, batch)
-    except Exception:  # noqa: BLE001 - the batch then takes the after-forward path
+    except Exception:  # noqa: BLE001 - the batch's other pages take the after-forward path
         logger.exception("pdc: per-layer sends: queueing the batch's pages failed")
+        if getattr(mgr, "endpoint", None) is not None:  # what was queued ends with the forward
+            cuda = str(mgr.family.device or "").startswith("cuda")
+            fwd = _Forward(mgr.endpoint, frozenset(), cuda, getattr(sched, "forward_stream",
+                                                                    None) if cuda else None)
     if fwd is None:
         return original(sched, batch, *args, **kwargs)
     _live = fwd
