@@ -113,6 +113,14 @@ KNOBS = {k.name: k for k in (
          "for this long"),
     Knob("health_max_quarantined", 64, "requests", "a decode rank is unhealthy once more "
          "requests than this are quarantined (their pages are never reused)"),
+    # ~~~ SGLang backend (Note [SGLang per-layer sends] in integrations/sglang/layerwise.py) ~~~
+    Knob("sglang_layer_send", 0, "0/1", "1: an SGLang prefill server of the pdc backend "
+         "queues each batch's pages before the forward and sends each attention layer's "
+         "pages as that layer's forward completes, instead of all layers after the forward "
+         "(\"lever A\"; paged-KV families without request state, no speculation)"),
+    Knob("sglang_cached_send", 0, "0/1", "1: an SGLang prefill server of the pdc backend "
+         "sends the pages that are final before the forward (its radix-cache hit, earlier "
+         "chunks) before the forward starts (\"lever B\"; same families)"),
     # ~~~ integrity ~~~
     Knob("checksum", 0, "0/1", "1: prefill sends a 64-bit digest of the bytes it wrote on "
          "each link with Success, decode recomputes it over its destination items and fails "

@@ -87,6 +87,8 @@ from .family import (
 )
 from .faults import apply as apply_faults
 from .faults import apply_slot as apply_slot_fault
+from .layerwise import SendsAhead
+from .layerwise import setup as layerwise_setup
 from .qsa import ring_slot, state_pages_error
 from .regions import mamba_slot as _slot
 
@@ -208,6 +210,9 @@ class PdcKVManager(BaseKVManager):
                                       self.family.kv_dtype)
             # Note [SGLang idle prefill rank]
             self.writes = bool(self.plan.links_from(self.rank))
+            self.sent_ahead = self.swapped_pages = 0  # Note [SGLang per-layer sends]
+            self.swapped: list = []  # Note [SGLang swapped pages]
+            self.layerwise, self.layer_ids = layerwise_setup(self)
             self.endpoint: PrefillEndpoint | None = None
             self.endpoint_error = ""
             port = int(server_args.disaggregation_bootstrap_port)
@@ -341,7 +346,7 @@ class PdcKVManager(BaseKVManager):
         return False  # pdc checks its own link digests (knob `checksum`)
 
 
-class PdcKVSender(BaseKVSender):
+class PdcKVSender(SendsAhead, BaseKVSender):
     """Prefill's side of one request: SGLang's chunks become pdc chunks with absolute page
     positions (Note [Absolute page positions] in pdc.runtime.indices).
 
@@ -436,12 +441,16 @@ class PdcKVSender(BaseKVSender):
             self.sender.abort()
             return
         pages = apply_faults(self.bootstrap_room, pages, last)
+        rest = self.match_ahead(pages)  # Note [SGLang per-layer sends]
+        if not rest and not last:
+            return
         prefix_pages = self.prefix_tokens // self.kv_mgr.page_size
         room = self.bootstrap_room
         slot, ring = (apply_slot_fault(room, _slot(state_indices, types)), apply_slot_fault(
             room, ring_slot(state_indices, types), "wrong_ring")) if last else (-1, -1)
-        self.sender.send(pages, prefix_pages + start, last, self.prefix_tokens + self.tokens_sent,
-                         slot=slot, ring_slot=ring, aux_row=self.aux_index if last else -1)
+        self.sender.send(rest, prefix_pages + start + len(pages) - len(rest), last,
+                         self.prefix_tokens + self.tokens_sent, slot=slot, ring_slot=ring,
+                         aux_row=self.aux_index if last else -1)
 
     def poll(self) -> KVPoll:
         if self.error:
