@@ -62,8 +62,9 @@ from pdc.runtime.plan_types import Plan, RankId
 from pdc.runtime.pools import EnginePools, RegistrationMismatch, address_device, engine_device
 from pdc.runtime.spec_path import find_family, search_folders
 
-from . import qsa
 from .dsa import DSA_INDEX, check_registered, dsa_buffers_of
+from .qsa import QSA_TYPES, qsa_buffers_of
+from .qsa import check_registered as check_qsa_registered
 from .regions import RefusedModel, Region
 
 ENGINE = "sglang"  # the engine a spec's `serves` names for this backend
@@ -343,13 +344,13 @@ def state_buffers_of(kv_args, slot_components=("gdn_conv", "gdn_ssm"), locate=ad
     out: dict[tuple[str, str, int], Region] = {}
     types = [str(getattr(t, "value", t)) for t in getattr(kv_args, "state_types", None) or []]
     check_registered(types, layout)
-    qsa.check_registered(types, layout)
+    check_qsa_registered(types, layout)
     for i, kind in enumerate(types):
         if kind == "dsa":
             out.update(dsa_buffers_of(kv_args, i, layout, locate))
             continue
-        if kind in qsa.QSA_TYPES:
-            out.update(qsa.qsa_buffers_of(kv_args, i, kind, layout, locate))
+        if kind in QSA_TYPES:
+            out.update(qsa_buffers_of(kv_args, i, kind, layout, locate))
             continue
         if kind != "mamba":
             why = f" ({UNCARRIED_STATE[kind]})" if kind in UNCARRIED_STATE else ""

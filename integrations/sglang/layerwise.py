@@ -151,7 +151,7 @@ def _begin(sched, batch):
     lever_a, lever_b = layerwise
     if not (lever_a or lever_b):
         return None
-    from . import faults
+    from .faults import planned as planned_faults
 
     page = sched.token_to_kv_pool_allocator.page_size
     allocator = sched.token_to_kv_pool_allocator
@@ -162,7 +162,7 @@ def _begin(sched, batch):
     # a HiCache load-back of this batch may still write pages it matched (SGLang's own
     # early send skips such a batch too)
     loading = getattr(batch, "hicache_consumer_index", -1) >= 0
-    planned = faults.planned()
+    planned = planned_faults()
     streams = False
     for req in batch.reqs:
         s = req.disagg_kv_sender
