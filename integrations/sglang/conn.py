@@ -75,6 +75,7 @@ from sglang.srt.disaggregation.base.conn import (
 )
 from sglang.srt.disaggregation.utils import DisaggregationMode
 
+from . import faults
 from .dsa import dsa_pages, page_list_error
 from .family import (
     RefusedModel,
@@ -86,9 +87,8 @@ from .family import (
     served_family,
     side,
 )
-from .faults import apply as apply_faults
-from .faults import apply_slot as apply_slot_fault
 from .regions import state_entry
+from .swa import window_pages
 
 logger = logging.getLogger(__name__)
 
@@ -443,12 +443,14 @@ class PdcKVSender(BaseKVSender):
         if self.error:
             self.sender.abort()
             return
-        pages = apply_faults(self.bootstrap_room, pages, last)
+        pages = faults.apply(self.bootstrap_room, pages, last)
         prefix_pages = self.prefix_tokens // self.kv_mgr.page_size
-        slot = apply_slot_fault(self.bootstrap_room, _slot(state_indices, types)) if last \
+        slot = faults.apply_slot(self.bootstrap_room, _slot(state_indices, types)) if last \
             else -1
+        window = window_pages(state_indices, types) if last else None  # Note [SGLang SWA pools]
         self.sender.send(pages, prefix_pages + start, last, self.prefix_tokens + self.tokens_sent,
-                         slot=slot, aux_row=self.aux_index if last else -1)
+                         slot=slot, aux_row=self.aux_index if last else -1,
+                         window_page_ids=faults.apply_window(self.bootstrap_room, window))
 
     def poll(self) -> KVPoll:
         if self.error:
@@ -546,7 +548,8 @@ class PdcKVReceiver(BaseKVReceiver):
         # Note [SGLang decode prefix]: page 0 at the positions decode holds already
         pages = [0] * (prefix // page_size) + own
         self.receiver.init(pages, prefix, slot=_slot(state_indices, types),
-                           aux_row=-1 if aux_index is None else int(aux_index))
+                           aux_row=-1 if aux_index is None else int(aux_index),
+                           window_page_ids=window_pages(state_indices, types))
 
     def poll(self) -> KVPoll:
         if self.error:

@@ -62,6 +62,7 @@ from pdc.runtime.plan_types import Plan, RankId
 from pdc.runtime.pools import EnginePools, RegistrationMismatch, address_device, engine_device
 from pdc.runtime.spec_path import find_family, search_folders
 
+from . import swa
 from .dsa import DSA_INDEX, check_registered, dsa_buffers_of
 from .regions import RefusedModel, Region
 
@@ -251,7 +252,11 @@ def buffers_of(kv_args, page_tensors=(("kv", "k"), ("kv", "v")), layout=None,
         raise RefusedModel(f"pdc: SGLang registered {len(ptrs)} KV buffers, not a whole "
                            f"number of layers of the spec's page tensors ({names})")
     per_tensor = len(ptrs) // len(page_tensors)
-    if len(layer_ids) != len(ptrs):
+    own = [i for i in layout.component(page_tensors[0][0]).layer_ids
+           if i not in layout.draft_ids] if layout is not None else []
+    if len(layer_ids) != len(ptrs) and len(own) == per_tensor:
+        layer_ids = own * len(page_tensors)  # a pool that names no layers holds the spec's
+    elif len(layer_ids) != len(ptrs):
         start = int(getattr(kv_args, "prefill_start_layer", 0) or 0)
         layer_ids = [start + i for i in range(per_tensor)] * len(page_tensors)
     for i, (ptr, nbytes, item) in enumerate(zip(ptrs, lens, items, strict=True)):
@@ -318,11 +323,10 @@ def _draft_buffers(kv_args, layout: FamilyLayout, names: tuple[str, ...], draft:
     return out
 
 
-# SGLang state types pdc refuses, and what they hold (docs/sglang.md "Sliding-window pools")
+# SGLang state types pdc refuses, and what they hold
 UNCARRIED_STATE = {
-    "swa": "the sliding-window layers' own pool, SWAKVPool: pages of its own page space, the "
-           "window's only",
     "dsa_tail": "the DSA indexer's kpool-compress tail, index_kpool > 1",
+    "block_scale_swa": "the MXFP8 block scales of SWAKVPool's sliding-window pool",
 }
 
 
@@ -334,20 +338,23 @@ def state_buffers_of(kv_args, slot_components=("gdn_conv", "gdn_ssm"), locate=ad
     pool's list is every layer's conv state, then every layer's temporal state
     (MambaPool.get_contiguous_buf_infos), `state_layer_ids` naming each entry's layer. Its
     items are slots: SGLang sends the request's slot in `state_indices` with the last chunk.
-    A DSA pool's indexer keys are page-indexed (Note [SGLang DSA indexer keys] in dsa.py);
-    other state types (SWA, ...) are refused by name until a spec declares them."""
+    A DSA pool's indexer keys are page-indexed (Note [SGLang DSA indexer keys] in dsa.py), a
+    SWAKVPool's sliding layers window-indexed (Note [SGLang SWA pools] in swa.py); other state
+    types are refused by name until a spec declares them."""
     out: dict[tuple[str, str, int], Region] = {}
     types = [str(getattr(t, "value", t)) for t in getattr(kv_args, "state_types", None) or []]
     check_registered(types, layout)
+    swa.check_registered(types, layout)
     for i, kind in enumerate(types):
-        if kind == "dsa":
-            out.update(dsa_buffers_of(kv_args, i, layout, locate))
+        if kind in ("dsa", "swa"):
+            made = dsa_buffers_of if kind == "dsa" else swa.swa_buffers_of
+            out.update(made(kv_args, i, layout, locate))
             continue
         if kind != "mamba":
             why = f" ({UNCARRIED_STATE[kind]})" if kind in UNCARRIED_STATE else ""
             raise RefusedModel(f"pdc: SGLang registered {kind!r} state buffers{why}; pdc's "
-                               "SGLang specs carry mamba slot state and DSA indexer keys only "
-                               "so far")
+                               "SGLang specs carry mamba slot state, DSA indexer keys and "
+                               "sliding-window pages only so far")
         ptrs, lens = kv_args.state_data_ptrs[i], kv_args.state_data_lens[i]
         items = kv_args.state_item_lens[i]
         layer_ids = list((getattr(kv_args, "state_layer_ids", None) or [[]] * (i + 1))[i])
@@ -533,6 +540,7 @@ def served_family(model_path: str, kv_args, tp: int, tp_rank: int,
     one = side(tp, 1, 1, page_size)
     plan = make_plan(family, one, one, "local")
     try:
+        swa.check_served(layout, config)  # Note [SGLang SWA pools]
         engine_pools(layout, plan, "prefill", RankId(0, tp_rank), kv_args, kv_dtype)
     except RefusedModel as e:
         raise RefusedModel(f"pdc: {arch} ({model_path}) does not fit its spec: "
