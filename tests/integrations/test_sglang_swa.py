@@ -17,6 +17,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 
 import pytest
 
@@ -38,8 +39,12 @@ PROMPTS = H.mixed_prompts(6, seed=4)
 # The negative control: a 20-token prompt no other request sends, so its window (32 tokens) is
 # all of its sliding layers' context, 2 SWA pages; faults.py's `wrong_window_page` reads the
 # first from the SWA page before it, which never holds a stale copy of this prompt's own KV
+# (the served-right check sends another fresh prompt of the same length)
 CONTROL = [3 + (7 * i + 5) % 509 for i in range(20)]
+RIGHT = [3 + (11 * i + 2) % 509 for i in range(20)]
+REPEATED = [3 + (13 * i + 1) % 509 for i in range(300)]  # 300 tokens no other prompt starts with
 WRONG_ROOM = 7_100_011
+EXTRA = [CONTROL, RIGHT, REPEATED]
 
 
 @pytest.fixture(scope="module")
@@ -58,10 +63,10 @@ def model(workdir):
 def reference(model, workdir):
     plain = H.start_plain(PYTHON, model, workdir, extra_args=H.SERVER_ARGS[FAMILY])
     try:
-        results = H.run_prompts(plain.url, PROMPTS + [CONTROL], NEW_TOKENS, in_flight=2)
+        results = H.run_prompts(plain.url, PROMPTS + EXTRA, NEW_TOKENS, in_flight=2)
     finally:
         plain.stop()
-    assert [r.error for r in results] == [""] * (len(PROMPTS) + 1)
+    assert [r.error for r in results] == [""] * (len(PROMPTS) + len(EXTRA))
     return [r.tokens for r in results]
 
 
@@ -77,7 +82,7 @@ def pair(model, workdir, reference):
 def test_gpt_oss_pd_pair_is_token_identical_to_a_plain_server(pair, reference):
     results = H.run_prompts(pair.router.url, PROMPTS, NEW_TOKENS, in_flight=2)
     assert [r.error for r in results] == [""] * len(PROMPTS)
-    assert [i for i, (r, ref) in enumerate(zip(results, reference[:-1], strict=True))
+    assert [i for i, (r, ref) in enumerate(zip(results, reference[:len(PROMPTS)], strict=True))
             if r.tokens != ref] == []
     assert all(len(r.tokens) == NEW_TOKENS for r in results)
 
@@ -114,6 +119,34 @@ def test_a_wrong_swa_page_changes_the_tokens(pair, reference):
     # the same prompt in another room is served right
     wrong = _direct(pair, CONTROL, WRONG_ROOM)
     assert wrong.error == ""
-    assert wrong.tokens != reference[-1]
-    right = _direct(pair, CONTROL, WRONG_ROOM + 1)
-    assert (right.error, right.tokens) == ("", reference[-1])
+    assert wrong.tokens != reference[len(PROMPTS)]
+    right = _direct(pair, RIGHT, WRONG_ROOM + 1)
+    assert (right.error, right.tokens) == ("", reference[len(PROMPTS) + 1])
+
+
+PAGE_BYTES = 2 * 2 * 16 * 2 * 16 * 2  # K and V of 2 layers, 16 tokens x 2 heads x 16, bf16
+AUX_ROW_BYTES = 3 * 64 + 2 * 64 + 512 + 512 + 128 + 64 + 64
+
+
+def _request_bytes(pair, prompt):
+    """One request through the router and the bytes pdc wrote for it, from prefill's
+    sglang:kv_transfer_total_mb (observed once prefill sees the transfer done)."""
+    def sample(name):
+        return H.metric_sum(H.metrics(pair.prefill.url), name)
+
+    count, mb = sample("sglang:kv_transfer_total_mb_count"), \
+        sample("sglang:kv_transfer_total_mb_sum")
+    result = H.generate(pair.router.url, prompt, NEW_TOKENS)
+    deadline = time.monotonic() + 10
+    while sample("sglang:kv_transfer_total_mb_count") == count and \
+            time.monotonic() < deadline:
+        time.sleep(0.2)
+    return result, round((sample("sglang:kv_transfer_total_mb_sum") - mb) * 1024 * 1024)
+
+
+def test_the_window_moves_only_its_own_pages(pair, reference):
+    # A fresh 300-token prompt: its 19 full-layer pages and the window's 3 SWA pages only
+    # (tokens 268..299, pages 16..18), and the aux row
+    result, nbytes = _request_bytes(pair, REPEATED)
+    assert (result.error, result.tokens) == ("", reference[-1])
+    assert nbytes == (19 + 3) * PAGE_BYTES + AUX_ROW_BYTES
