@@ -75,7 +75,7 @@ from sglang.srt.disaggregation.base.conn import (
 )
 from sglang.srt.disaggregation.utils import DisaggregationMode
 
-from . import faults
+from . import faults, swa
 from .dsa import dsa_pages, page_list_error
 from .family import (
     RefusedModel,
@@ -88,7 +88,6 @@ from .family import (
     side,
 )
 from .regions import state_entry
-from .swa import window_pages
 
 logger = logging.getLogger(__name__)
 
@@ -447,7 +446,7 @@ class PdcKVSender(BaseKVSender):
         prefix_pages = self.prefix_tokens // self.kv_mgr.page_size
         slot = faults.apply_slot(self.bootstrap_room, _slot(state_indices, types)) if last \
             else -1
-        window = window_pages(state_indices, types) if last else None  # Note [SGLang SWA pools]
+        window = swa.window_pages(state_indices, types) if last else None  # Note [SGLang SWA pools]
         self.sender.send(pages, prefix_pages + start, last, self.prefix_tokens + self.tokens_sent,
                          slot=slot, aux_row=self.aux_index if last else -1,
                          window_page_ids=faults.apply_window(self.bootstrap_room, window))
@@ -549,7 +548,7 @@ class PdcKVReceiver(BaseKVReceiver):
         pages = [0] * (prefix // page_size) + own
         self.receiver.init(pages, prefix, slot=_slot(state_indices, types),
                            aux_row=-1 if aux_index is None else int(aux_index),
-                           window_page_ids=window_pages(state_indices, types))
+                           window_page_ids=swa.window_pages(state_indices, types))
 
     def poll(self) -> KVPoll:
         if self.error:
