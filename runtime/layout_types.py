@@ -118,7 +118,9 @@ class ComponentLayout:
         wholly inside the prefix (a partly covered page is sent: decode's copy of its tail
         is not guaranteed to match). State that decode's cache does not keep, such as an
         indexer cache or the draft layers' KV, says `on_prefix_hit: send` in its spec and is
-        sent from page 0 even on a hit.
+        sent from page 0 even on a hit. A window component (Note [Window pages] in
+        indices.py) is sent whole by default (`send`); with `skip` its pages start past the
+        prefix when the window reaches into it (SGLang's SWA radix cache keeps them).
         """
         return 0 if self.on_prefix_hit == "send" else prefix_tokens // page_size
 

@@ -76,7 +76,6 @@ from sglang.srt.disaggregation.base.conn import (
 from sglang.srt.disaggregation.utils import DisaggregationMode
 
 from .family import (
-    RefusedModel,
     decode_instance,
     draft_model,
     engine_pools,
@@ -87,16 +86,16 @@ from .family import (
 )
 from .faults import apply as apply_faults
 from .faults import apply_slot as apply_slot_fault
+from .faults import apply_window as apply_window_fault
 from .layerwise import SendsAhead
 from .layerwise import setup as layerwise_setup
 from .qsa import ring_slot, state_pages_error
 from .regions import mamba_slot as _slot
+from .settings import DECODE_ENV, bootstrap_host, bootstrap_zmq, engine_name, parse_side
+from .swa import window_pages
 
 logger = logging.getLogger(__name__)
 
-ENGINE_ENV = "PDC_SGLANG_ENGINE"  # mooncake (default) | nixl
-DECODE_ENV = "PDC_SGLANG_DECODE"  # Note [SGLang plan]
-ENGINES = ("mooncake", "nixl")
 OPEN_WAIT_S = 0.25  # try_ensure_parallel_info waits this long for an endpoint to open
 
 # pdc's KVPoll is numbered in progress order, SGLang's puts Failed at 0: map by name.
@@ -111,36 +110,11 @@ class PdcTransferError(Exception):
         self.failure_reason = reason
 
 
-def _host() -> str:
-    return os.environ.get("SGLANG_HOST_IP", "127.0.0.1")
-
-
-def _bootstrap_zmq(addr: str) -> str:
-    return addr if addr.startswith("tcp://") else f"tcp://{addr}"
-
-
-def _parse_side(text: str, what: str) -> dict[str, int]:
-    out = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        key, _, value = part.partition("=")
-        if key not in ("tp", "pp", "dp") or not value.isdigit() or int(value) < 1:
-            raise RefusedModel(f"pdc: {what}={text!r}: expected tp=N,pp=N,dp=N with N >= 1")
-        out[key] = int(value)
-    return out
-
-
 def parallel_layout(server_args):
     """This scheduler's place in SGLang's parallel layout (Note [SGLang DP attention])."""
     from sglang.srt.runtime_context import get_parallel
 
     return parallel_layout_of(get_parallel(), server_args)
-
-
-def engine_name() -> str:
-    name = os.environ.get(ENGINE_ENV, "mooncake")
-    if name not in ENGINES:
-        raise RefusedModel(f"pdc: {ENGINE_ENV}={name!r}; use one of {', '.join(ENGINES)}")
-    return name
 
 
 class _PrefillServerInfo:
@@ -185,7 +159,7 @@ class PdcKVManager(BaseKVManager):
         self.family = served_family(server_args.model_path, args, self.tp, self.rank.tp, dtype,
                                     draft_model(server_args, server_args.model_path, dtype))
         self.engine_name = engine_name()
-        kwargs = {"hostname": _host()} if self.engine_name == "mooncake" else {}
+        kwargs = {"hostname": bootstrap_host()} if self.engine_name == "mooncake" else {}
         # for the memory SGLang's buffers live in: host, or their GPU (Note [SGLang memory
         # kinds] in family.py); Mooncake moves a GPU's memory over TCP (its CUDA wheel)
         kwargs.update(self.family.engine_kwargs)
@@ -201,7 +175,7 @@ class PdcKVManager(BaseKVManager):
         self.quarantined = 0
         if self.mode == DisaggregationMode.PREFILL:
             decode = {"tp": self.tp, "pp": 1, "dp": self.dp}
-            decode.update(_parse_side(os.environ.get(DECODE_ENV, ""), DECODE_ENV))
+            decode.update(parse_side(os.environ.get(DECODE_ENV, ""), DECODE_ENV))
             layout = self.family.layout
             self.plan = make_plan(self.family.family, side(self.tp, 1, self.dp, self.page_size),
                                   side(decode["tp"], decode["pp"], decode["dp"], self.page_size),
@@ -216,7 +190,7 @@ class PdcKVManager(BaseKVManager):
             self.endpoint: PrefillEndpoint | None = None
             self.endpoint_error = ""
             port = int(server_args.disaggregation_bootstrap_port)
-            self.bootstrap = f"tcp://{_host()}:{port}"
+            self.bootstrap = f"tcp://{bootstrap_host()}:{port}"
             threading.Thread(target=self._open_prefill, name="pdc-sglang-open",
                              daemon=True).start()
         else:
@@ -285,7 +259,7 @@ class PdcKVManager(BaseKVManager):
 
     def _open_decode(self, bootstrap_addr: str, opened: threading.Event) -> None:
         t_open = time.monotonic()
-        addr = _bootstrap_zmq(bootstrap_addr)
+        addr = bootstrap_zmq(bootstrap_addr)
         layout = self.family.layout
         try:
             table = fetch_table(addr, knobs.get("bootstrap_timeout_s"))
@@ -448,9 +422,11 @@ class PdcKVSender(SendsAhead, BaseKVSender):
         room = self.bootstrap_room
         slot, ring = (apply_slot_fault(room, _slot(state_indices, types)), apply_slot_fault(
             room, ring_slot(state_indices, types), "wrong_ring")) if last else (-1, -1)
+        window = window_pages(state_indices, types) if last else None  # Note [SGLang SWA pools]
         self.sender.send(rest, prefix_pages + start + len(pages) - len(rest), last,
                          self.prefix_tokens + self.tokens_sent, slot=slot, ring_slot=ring,
-                         aux_row=self.aux_index if last else -1)
+                         aux_row=self.aux_index if last else -1,
+                         window_page_ids=apply_window_fault(room, window))
 
     def poll(self) -> KVPoll:
         if self.error:
@@ -549,7 +525,8 @@ class PdcKVReceiver(BaseKVReceiver):
         pages = [0] * (prefix // page_size) + own
         self.receiver.init(pages, prefix, slot=_slot(state_indices, types),
                            ring_slot=ring_slot(state_indices, types),
-                           aux_row=-1 if aux_index is None else int(aux_index))
+                           aux_row=-1 if aux_index is None else int(aux_index),
+                           window_page_ids=window_pages(state_indices, types))
 
     def poll(self) -> KVPoll:
         if self.error:

@@ -65,7 +65,10 @@ from pdc.runtime.spec_path import find_family, search_folders
 from .dsa import DSA_INDEX, check_registered, dsa_buffers_of
 from .qsa import QSA_TYPES, qsa_buffers_of
 from .qsa import check_registered as check_qsa_registered
-from .regions import RefusedModel, Region
+from .regions import UNCARRIED_STATE, RefusedModel, Region
+from .swa import check_registered as check_swa_registered
+from .swa import check_served as check_swa_served
+from .swa import swa_buffers_of
 
 ENGINE = "sglang"  # the engine a spec's `serves` names for this backend
 # page components SGLang registers as state, not in kv_data_ptrs, each in its own dtype
@@ -255,7 +258,11 @@ def buffers_of(kv_args, page_tensors=(("kv", "k"), ("kv", "v")), layout=None,
         raise RefusedModel(f"pdc: SGLang registered {len(ptrs)} KV buffers, not a whole "
                            f"number of layers of the spec's page tensors ({names})")
     per_tensor = len(ptrs) // len(page_tensors)
-    if len(layer_ids) != len(ptrs):
+    own = [i for i in layout.component(page_tensors[0][0]).layer_ids
+           if i not in layout.draft_ids] if layout is not None else []
+    if len(layer_ids) != len(ptrs) and len(own) == per_tensor:
+        layer_ids = own * len(page_tensors)  # a pool that names no layers holds the spec's
+    elif len(layer_ids) != len(ptrs):
         start = int(getattr(kv_args, "prefill_start_layer", 0) or 0)
         layer_ids = [start + i for i in range(per_tensor)] * len(page_tensors)
     for i, (ptr, nbytes, item) in enumerate(zip(ptrs, lens, items, strict=True)):
@@ -322,14 +329,6 @@ def _draft_buffers(kv_args, layout: FamilyLayout, names: tuple[str, ...], draft:
     return out
 
 
-# SGLang state types pdc refuses, and what they hold (docs/sglang.md "Sliding-window pools")
-UNCARRIED_STATE = {
-    "swa": "the sliding-window layers' own pool, SWAKVPool: pages of its own page space, the "
-           "window's only",
-    "dsa_tail": "the DSA indexer's kpool-compress tail, index_kpool > 1",
-}
-
-
 def state_buffers_of(kv_args, slot_components=("gdn_conv", "gdn_ssm"), locate=address_device,
                      layout: FamilyLayout | None = None) -> dict[tuple[str, str, int], Region]:
     """SGLang's per-request state buffers (mamba pool) as (component, tensor, layer id).
@@ -339,15 +338,18 @@ def state_buffers_of(kv_args, slot_components=("gdn_conv", "gdn_ssm"), locate=ad
     (MambaPool.get_contiguous_buf_infos), `state_layer_ids` naming each entry's layer. Its
     items are slots: SGLang sends the request's slot in `state_indices` with the last chunk.
     A DSA pool's indexer keys are page-indexed (Note [SGLang DSA indexer keys] in dsa.py), a
-    QSA pool's state ring- and page-indexed (Note [SGLang QSA state] in qsa.py); other state
-    types (SWA, ...) are refused by name until a spec declares them."""
+    QSA pool's state ring- and page-indexed (Note [SGLang QSA state] in qsa.py), a SWAKVPool's
+    sliding layers window-indexed (Note [SGLang SWA pools] in swa.py); other state types are
+    refused by name until a spec declares them."""
     out: dict[tuple[str, str, int], Region] = {}
     types = [str(getattr(t, "value", t)) for t in getattr(kv_args, "state_types", None) or []]
     check_registered(types, layout)
     check_qsa_registered(types, layout)
+    check_swa_registered(types, layout)
     for i, kind in enumerate(types):
-        if kind == "dsa":
-            out.update(dsa_buffers_of(kv_args, i, layout, locate))
+        if kind in ("dsa", "swa"):
+            made = dsa_buffers_of if kind == "dsa" else swa_buffers_of
+            out.update(made(kv_args, i, layout, locate))
             continue
         if kind in QSA_TYPES:
             out.update(qsa_buffers_of(kv_args, i, kind, layout, locate))
@@ -355,8 +357,8 @@ def state_buffers_of(kv_args, slot_components=("gdn_conv", "gdn_ssm"), locate=ad
         if kind != "mamba":
             why = f" ({UNCARRIED_STATE[kind]})" if kind in UNCARRIED_STATE else ""
             raise RefusedModel(f"pdc: SGLang registered {kind!r} state buffers{why}; pdc's "
-                               "SGLang specs carry mamba slot state, DSA indexer keys and QSA "
-                               "indexer state only so far")
+                               "SGLang specs carry mamba slot state, DSA indexer keys, QSA "
+                               "indexer state and sliding-window pages only so far")
         ptrs, lens = kv_args.state_data_ptrs[i], kv_args.state_data_lens[i]
         items = kv_args.state_item_lens[i]
         layer_ids = list((getattr(kv_args, "state_layer_ids", None) or [[]] * (i + 1))[i])
@@ -563,6 +565,7 @@ def served_family(model_path: str, kv_args, tp: int, tp_rank: int,
     one = side(tp, 1, 1, page_size)
     plan = make_plan(family, one, one, "local")
     try:
+        check_swa_served(layout, config)  # Note [SGLang SWA pools]
         engine_pools(layout, plan, "prefill", RankId(0, tp_rank), kv_args, kv_dtype)
     except RefusedModel as e:
         raise RefusedModel(f"pdc: {arch} ({model_path}) does not fit its spec: "

@@ -37,3 +37,10 @@ def mamba_slot(state_indices, state_types=None) -> int:
     entries = [state_entry(state_indices, state_types, "mamba")] if state_types else \
         list(state_indices or ())
     return next((int(e[0]) for e in entries if e is not None and len(e)), -1)
+
+
+# SGLang state types pdc refuses, and what they hold
+UNCARRIED_STATE = {
+    "dsa_tail": "the DSA indexer's kpool-compress tail, index_kpool > 1",
+    "block_scale_swa": "the MXFP8 block scales of SWAKVPool's sliding-window pool",
+}
