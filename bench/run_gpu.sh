@@ -2,7 +2,7 @@
 # Runs every bench/ script on a machine with two GPUs and writes their JSON under OUT.
 #
 #   bash bench/run_gpu.sh OUT [script ...]      # default: all five; "none": no script
-#   bash bench/run_gpu.sh OUT arena_ring        # staging rings (BENCHMARKS.md (r)); not run yet
+#   bash bench/run_gpu.sh OUT arena_ring        # staging rings (BENCHMARKS.md (t)); not run yet
 #
 # Works on a bare image without installing pdc: a pdc/ folder whose stage packages are links to
 # the repository's folders goes first on PYTHONPATH (setup.py maps them the same way). Wheels in

@@ -148,10 +148,10 @@ class Component:
     item: Item
     shard: Shard | None  # None = replicated across attention TP
     send: Send
-    stages: str  # "all" | "first" | "last" | "kind:<k>" (request-wide state only)
+    stages: str  # "all" | "first" | "last" | "kind:<k>" | "none" (request-wide state only)
     loc: Location
     why: str = ""  # the spec's own explanation, copied into generated code as a comment
-    on_prefix_hit: str = "skip"  # page state: "skip" or "send" (Note [Prefix skip])
+    on_prefix_hit: str = "skip"  # page/window state: "skip" or "send" (Note [Prefix skip])
     holds: str = "data"  # "data" or "kv_slots" (Note [Slot-valued state])
 
 

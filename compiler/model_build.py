@@ -143,17 +143,28 @@ class _SpecBuilder(ModelParser):
                                  f"component '{name}' names unknown layer kind "
                                  f"'{st['with_kind']}'",
                                  f"known kinds: {', '.join(sorted(self.known_kinds(layers)))}")
+        if "present" in raw:  # Note [Present components] in runtime/binding.py
+            if not request_wide:
+                self.diags.error(self.doc.key_loc(base + ("present",)),
+                                 f"component '{name}' sets `present` but is not request-wide",
+                                 "a per-layer component is present where its layers are; "
+                                 "remove `present`")
+            elif self.eval(raw["present"], base + ("present",), "present") == 0:
+                stages = "none"
         tensors = tuple(raw.get("tensors", ["data"]))
         if len(set(tensors)) != len(tensors):
             self.diags.error(self.doc.loc(base + ("tensors",)),
                              f"component '{name}' names a tensor twice", "tensor names are unique")
-        on_prefix_hit = raw.get("on_prefix_hit", "skip")
-        if "on_prefix_hit" in raw and index is not IndexKind.PAGE:
+        # Note [Prefix skip]: a window is sent whole unless the spec says decode's cache
+        # keeps the window pages of its prefix (SGLang's SWA radix cache does)
+        on_prefix_hit = raw.get("on_prefix_hit",
+                                "send" if index is IndexKind.WINDOW else "skip")
+        if "on_prefix_hit" in raw and index not in (IndexKind.PAGE, IndexKind.WINDOW):
             self.diags.error(self.doc.key_loc(base + ("on_prefix_hit",)),
                              f"component '{name}' sets `on_prefix_hit` but is indexed by "
                              f"{index.value}",
-                             "only page-indexed state has pages that decode's prefix cache "
-                             "can hold; remove `on_prefix_hit`")
+                             "only page- and window-indexed state has pages that decode's "
+                             "prefix cache can hold; remove `on_prefix_hit`")
         holds = raw.get("holds", "data")
         if holds == "kv_slots":
             wrong = []

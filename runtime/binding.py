@@ -32,8 +32,17 @@ layers, which the compiler and the binder accept for components that select only
 kind (any other component that selects nothing is still an error), so the same spec binds to
 a server that speculates and to one that does not; the bound values are in the family's
 identity, so a speculating prefill and a non-speculating decode refuse each other at
-registration. The spec language has no other way to say "optional component": a band of 0
-layers is one.
+registration. An empty band is one way to say "optional component"; the other is Note
+[Present components].
+
+Note [Present components]: an engine may add request-wide state only when the model's config
+sets a flag that has nothing to do with speculating (SGLang's DSA top-k seed row, present when
+a DSA config sets `index_share_for_mtp_iteration`). A request-wide component may carry
+`present: EXPR` over the params (a config flag binds as 0 or 1); where it is 0 its ownership
+rule becomes "none": no stage owns it (runtime/lowering.py `owning_stages`), so no rank
+registers or moves it, as a `stages: {with_kind: K}` component on a stage without K. The rule
+is in the bound layout, hence in the family's identity: a server that has the state and one
+that does not refuse each other at registration.
 """
 
 from __future__ import annotations
@@ -114,6 +123,8 @@ class BoundComponent:
     window: Formula | None
     pitch: Formula | None
     sentinel: Formula | None
+    present: Formula | None = None  # Note [Present components]
+    present_stages: str = "all"  # its ownership rule where present
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,7 +262,9 @@ class _Binder:
             return
         if isinstance(raw, float) and raw.is_integer():
             raw = int(raw)
-        if isinstance(raw, bool) or not isinstance(raw, int):
+        if isinstance(raw, bool):  # a config's flag: 1 when set (Note [Present components])
+            raw = int(raw)
+        if not isinstance(raw, int):
             self.failed.add(bp.name)
             self.error(bp.loc, f"param '{bp.name}' takes {bp.source}, which is {raw!r}, not an "
                        "integer", "point `from` at an integer field of the config")
@@ -400,10 +413,14 @@ class _Binder:
         sentinel = fx.sentinel
         if c.sentinel is not None:
             sentinel = self.eval(c.sentinel, loc, f"sentinel of component '{fx.name}'")
+        stages = fx.stages
+        if c.present is not None:  # Note [Present components]
+            stages = c.present_stages if self.eval(c.present, loc, f"present of component "
+                                                   f"'{fx.name}'") else "none"
         return replace(fx, layer_ids=layer_ids, dtype=dtype, dtype_bytes=DTYPE_BYTES[dtype],
                        shape=tuple(shape), item_bytes=nbytes, shard=geom,
                        ring_rows=ring or 1, window_tokens=window or 0, pitch=pitch,
-                       sentinel=sentinel)
+                       sentinel=sentinel, stages=stages)
 
     def shard(self, c: BoundComponent, name: str, shape: list[int],
               dtype: str) -> ShardGeometry | None:

@@ -87,7 +87,8 @@ def component_pairs(layout: FamilyLayout, chunk: PrefillChunk, target: DecodeTar
         elif not chunk.last:
             continue
         elif c.index == "window":
-            out[c.name] = window_pairs(chunk, target, c.window_tokens, page_size)
+            out[c.name] = window_pairs(chunk, target, c.window_tokens, page_size,
+                                       c.prefix_pages(target.prefix_len, page_size))
         elif c.index == "slot":
             out.update(slot_pairs(c.name, c.layer_ids, chunk, target))
         elif c.index == "aux":

@@ -84,9 +84,12 @@ def pages_of(tokens: int, page_size: int) -> int:
     return -(-tokens // page_size)
 
 
-def window_first_page(seq_len: int, window_tokens: int, page_size: int) -> int:
-    """Absolute position of the first page holding one of the last `window_tokens` tokens."""
-    return max(0, seq_len - window_tokens) // page_size
+def window_first_page(seq_len: int, window_tokens: int, page_size: int,
+                      prefix_pages: int = 0) -> int:
+    """Absolute position of the first page holding one of the last `window_tokens` tokens,
+    or of the first page past decode's prefix when that comes later (`prefix_pages`: the
+    window pages decode's cache holds already, Note [Prefix skip])."""
+    return max(prefix_pages, max(0, seq_len - window_tokens) // page_size)
 
 
 def chunk_page_pairs(chunk: PrefillChunk, target: DecodeTarget, page_size: int,
@@ -105,12 +108,18 @@ def chunk_page_pairs(chunk: PrefillChunk, target: DecodeTarget, page_size: int,
 
 
 def window_pairs(chunk: PrefillChunk, target: DecodeTarget, window_tokens: int,
-                 page_size: int) -> tuple[np.ndarray, np.ndarray]:
+                 page_size: int, prefix_pages: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Note [Window pages]: a window component lives in a page space of its own (SGLang's
+    SWAKVPool keeps its sliding layers apart from the full ones), so a request names its
+    window pages in a second list on each side (PrefillChunk / DecodeTarget
+    .window_page_ids, TransferRequest.window_page_ids on the wire), sent with the last chunk:
+    one id per absolute page position from window_first_page to the prompt's last page. The
+    two lists pair up position by position; a list of another length fails the request."""
     src = np.asarray(chunk.window_page_ids if chunk.window_page_ids is not None else [], np.int64)
     dst = np.asarray(target.window_page_ids if target.window_page_ids is not None else [],
                      np.int64)
     want = pages_of(chunk.seq_len, page_size) - window_first_page(chunk.seq_len, window_tokens,
-                                                                  page_size)
+                                                                  page_size, prefix_pages)
     if len(src) != want or len(dst) != want:
         raise IndexError_(f"window needs {want} pages, prefill sent {len(src)}, decode holds "
                           f"{len(dst)}")

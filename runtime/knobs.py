@@ -85,8 +85,8 @@ KNOBS = {k.name: k for k in (
     Knob("max_control_sessions", 4096, "sessions", "authenticated connections a control "
          "socket holds, and pending challenges besides; the oldest is forgotten first (its "
          "peer says hello again)"),
-    Knob("max_messages_per_tick", 256, "messages", "control messages the hub handles before "
-         "it serves its outbox and timers again (a flood cannot starve them)"),
+    Knob("max_messages_per_tick", 256, "messages", "control messages the hub reads from one "
+         "socket before it runs its timers again (a flood cannot starve them)"),
     Knob("control_queue_depth", 10000, "messages", "ZeroMQ high-water mark of each control "
          "connection; messages beyond it are dropped and counted, and the requests they "
          "belonged to fail by their deadlines"),
@@ -123,6 +123,14 @@ KNOBS = {k.name: k for k in (
          "for this long"),
     Knob("health_max_quarantined", 64, "requests", "a decode rank is unhealthy once more "
          "requests than this are quarantined (their pages are never reused)"),
+    # ~~~ SGLang backend (Note [SGLang per-layer sends] in integrations/sglang/layerwise.py) ~~~
+    Knob("sglang_layer_send", 0, "0/1", "1: an SGLang prefill server of the pdc backend "
+         "queues each batch's pages before the forward and sends each attention layer's "
+         "pages as that layer's forward completes, instead of all layers after the forward "
+         "(\"lever A\"; paged-KV families without request state, no speculation)"),
+    Knob("sglang_cached_send", 0, "0/1", "1: an SGLang prefill server of the pdc backend "
+         "sends the pages that are final before the forward (its radix-cache hit, earlier "
+         "chunks) before the forward starts (\"lever B\"; same families)"),
     # ~~~ integrity ~~~
     Knob("checksum", 0, "0/1", "1: prefill sends a 64-bit digest of the bytes it wrote on "
          "each link with Success, decode recomputes it over its destination items and fails "

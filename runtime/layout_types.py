@@ -97,7 +97,7 @@ class ComponentLayout:
     item_bytes: int  # bytes of one full (unsharded) item
     shard: ShardGeometry | None  # None = replicated across attention TP
     send: str  # every_chunk | last_chunk
-    stages: str  # request-wide ownership: all | first | last | kind:<k>
+    stages: str  # request-wide ownership: all | first | last | kind:<k> | none
     loc: str  # "spec.yaml:line:col" of the component, for messages
     # Page state on a decode prefix-cache hit (Note [Prefix skip]): "skip" = pages decode
     # already holds are not sent; "send" = every page is sent (decode's cache lacks this state).
@@ -118,7 +118,9 @@ class ComponentLayout:
         wholly inside the prefix (a partly covered page is sent: decode's copy of its tail
         is not guaranteed to match). State that decode's cache does not keep, such as an
         indexer cache or the draft layers' KV, says `on_prefix_hit: send` in its spec and is
-        sent from page 0 even on a hit.
+        sent from page 0 even on a hit. A window component (Note [Window pages] in
+        indices.py) is sent whole by default (`send`); with `skip` its pages start past the
+        prefix when the window reaches into it (SGLang's SWA radix cache keeps them).
         """
         return 0 if self.on_prefix_hit == "send" else prefix_tokens // page_size
 

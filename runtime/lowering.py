@@ -64,6 +64,8 @@ def owning_stages(comp: ComponentLayout, side: Side, kind_of: dict[int, str]) ->
         held = set(comp.layer_ids)
         return tuple(s for s, ids in enumerate(side.stages) if held & set(ids))
     rule = comp.stages
+    if rule == "none":  # Note [Present components] in runtime/binding.py
+        return ()
     if rule == "all":
         return tuple(range(side.pp))
     if rule == "first":

@@ -82,6 +82,8 @@ class TransferRecord:
     generation: int = 0  # prefill: the use's generation (0 until decode asked); decode: its own
     t_arrived: float = 0.0  # decode: the serving engine first saw the request (0 = not told)
     t_forward_done: float = 0.0  # prefill: the forward wrote the last chunk (0 = unset)
+    # prefill: batches of a streamed chunk's ready layers, issued before its forward was done
+    layer_batches: int = 0
     ring_waits: int = 0  # prefill: times a staged piece waited for a free ring slot
 
     @property

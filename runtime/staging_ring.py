@@ -10,7 +10,7 @@ one contiguous region named in the TransferRequest (`staging_slots` > 0). Then:
    run of items j0 .. j0 + n) whose packed bytes fit one slot (every block's n items back to
    back, in block order). Block-major: a piece takes a run's items of as many blocks as fit,
    so each block's run is one copy on each side as in a whole region (item-major pieces of
-   one page of all 160 blocks cost 2.7x more copies on the CPU box, BENCHMARKS.md (r)). Each piece is gathered into the same slot of prefill's own gather
+   one page of all 160 blocks cost 2.7x more copies on the CPU box, BENCHMARKS.md (t)). Each piece is gathered into the same slot of prefill's own gather
    buffer, written to decode's slot with one descriptor, and once that write completed,
    announced with RingFilled (slot, j0, n, block indices).
 2. Decode scatters the piece from the slot into its pools on its control thread (the same

@@ -154,6 +154,11 @@ def binding_source(spec: Spec, layout: FamilyLayout) -> str:
         out.append(f"            window={window},")
         out.append(f"            pitch={formula(item['pitch']) if 'pitch' in item else None},")
         out.append(f"            sentinel={formula(rc['sentinel']) if 'sentinel' in rc else None},")
+        if "present" in rc:  # Note [Present components] in runtime/binding.py
+            st = rc.get("stages", "all")
+            rule = f"kind:{st['with_kind']}" if isinstance(st, dict) else st
+            out.append(f"            present={formula(rc['present'])},")
+            out.append(f"            present_stages={py_str(rule)},")
         out.append("        ),")
     out.append("    ),")
     out.append("    constraints=(")

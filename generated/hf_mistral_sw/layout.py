@@ -46,6 +46,7 @@ KV = ComponentLayout(
     send="last_chunk",
     stages="all",
     loc="specs/hf-mistral-sw.yaml:29:3",
+    on_prefix_hit="send",
 )
 
 # Spec order, which is the wire order.

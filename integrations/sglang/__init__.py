@@ -7,7 +7,10 @@ pyproject.toml) in every process it starts; no SGLang file is changed. `register
 2. adds a PDC member to SGLang's closed `TransferBackend` enum;
 3. AROUND-hooks `get_kv_class` through SGLang's HookRegistry (which also rebinds the
    `from ... import get_kv_class` copies) so that the pdc backend's name returns pdc's
-   Manager, Sender, Receiver and bootstrap server (conn.py); every other backend is untouched.
+   Manager, Sender, Receiver and bootstrap server (conn.py); every other backend is untouched;
+4. AROUND-hooks `Scheduler.run_batch` and AFTER-hooks `RadixAttention.forward` for per-layer
+   and early sends (layerwise.py), which act only on a prefill server of the pdc backend
+   whose knobs ask for them.
 See docs/sglang.md.
 """
 
@@ -62,6 +65,9 @@ def register() -> None:
 
     HookRegistry.register("sglang.srt.disaggregation.utils.get_kv_class", around_get_kv_class,
                           HookType.AROUND)
+    from .layerwise import register_hooks
+
+    register_hooks()  # Note [SGLang per-layer sends]
 
 
 def _cpu_fixes() -> None:

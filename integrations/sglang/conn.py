@@ -75,9 +75,7 @@ from sglang.srt.disaggregation.base.conn import (
 )
 from sglang.srt.disaggregation.utils import DisaggregationMode
 
-from .dsa import dsa_pages, page_list_error
 from .family import (
-    RefusedModel,
     decode_instance,
     draft_model,
     engine_pools,
@@ -88,13 +86,16 @@ from .family import (
 )
 from .faults import apply as apply_faults
 from .faults import apply_slot as apply_slot_fault
-from .regions import state_entry
+from .faults import apply_window as apply_window_fault
+from .layerwise import SendsAhead
+from .layerwise import setup as layerwise_setup
+from .qsa import ring_slot, state_pages_error
+from .regions import mamba_slot as _slot
+from .settings import DECODE_ENV, bootstrap_host, bootstrap_zmq, engine_name, parse_side
+from .swa import window_pages
 
 logger = logging.getLogger(__name__)
 
-ENGINE_ENV = "PDC_SGLANG_ENGINE"  # mooncake (default) | nixl
-DECODE_ENV = "PDC_SGLANG_DECODE"  # Note [SGLang plan]
-ENGINES = ("mooncake", "nixl")
 OPEN_WAIT_S = 0.25  # try_ensure_parallel_info waits this long for an endpoint to open
 
 # pdc's KVPoll is numbered in progress order, SGLang's puts Failed at 0: map by name.
@@ -109,45 +110,11 @@ class PdcTransferError(Exception):
         self.failure_reason = reason
 
 
-def _host() -> str:
-    return os.environ.get("SGLANG_HOST_IP", "127.0.0.1")
-
-
-def _bootstrap_zmq(addr: str) -> str:
-    return addr if addr.startswith("tcp://") else f"tcp://{addr}"
-
-
-def _parse_side(text: str, what: str) -> dict[str, int]:
-    out = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        key, _, value = part.partition("=")
-        if key not in ("tp", "pp", "dp") or not value.isdigit() or int(value) < 1:
-            raise RefusedModel(f"pdc: {what}={text!r}: expected tp=N,pp=N,dp=N with N >= 1")
-        out[key] = int(value)
-    return out
-
-
-def _slot(state_indices, state_types=None) -> int:
-    """The request's mamba slot from SGLang's `state_indices` (one entry per state type of
-    KVArgs.state_types, the mamba one an array holding the slot; Note [SGLang mamba state] in
-    family.py), or -1 when the model keeps no slot state; a DSA pool's pages are no slot."""
-    entries = [state_entry(state_indices, state_types, "mamba")] if state_types else \
-        list(state_indices or ())
-    return next((int(e[0]) for e in entries if e is not None and len(e)), -1)
-
-
 def parallel_layout(server_args):
     """This scheduler's place in SGLang's parallel layout (Note [SGLang DP attention])."""
     from sglang.srt.runtime_context import get_parallel
 
     return parallel_layout_of(get_parallel(), server_args)
-
-
-def engine_name() -> str:
-    name = os.environ.get(ENGINE_ENV, "mooncake")
-    if name not in ENGINES:
-        raise RefusedModel(f"pdc: {ENGINE_ENV}={name!r}; use one of {', '.join(ENGINES)}")
-    return name
 
 
 class _PrefillServerInfo:
@@ -192,7 +159,7 @@ class PdcKVManager(BaseKVManager):
         self.family = served_family(server_args.model_path, args, self.tp, self.rank.tp, dtype,
                                     draft_model(server_args, server_args.model_path, dtype))
         self.engine_name = engine_name()
-        kwargs = {"hostname": _host()} if self.engine_name == "mooncake" else {}
+        kwargs = {"hostname": bootstrap_host()} if self.engine_name == "mooncake" else {}
         # for the memory SGLang's buffers live in: host, or their GPU (Note [SGLang memory
         # kinds] in family.py); Mooncake moves a GPU's memory over TCP (its CUDA wheel)
         kwargs.update(self.family.engine_kwargs)
@@ -208,7 +175,7 @@ class PdcKVManager(BaseKVManager):
         self.quarantined = 0
         if self.mode == DisaggregationMode.PREFILL:
             decode = {"tp": self.tp, "pp": 1, "dp": self.dp}
-            decode.update(_parse_side(os.environ.get(DECODE_ENV, ""), DECODE_ENV))
+            decode.update(parse_side(os.environ.get(DECODE_ENV, ""), DECODE_ENV))
             layout = self.family.layout
             self.plan = make_plan(self.family.family, side(self.tp, 1, self.dp, self.page_size),
                                   side(decode["tp"], decode["pp"], decode["dp"], self.page_size),
@@ -217,10 +184,13 @@ class PdcKVManager(BaseKVManager):
                                       self.family.kv_dtype)
             # Note [SGLang idle prefill rank]
             self.writes = bool(self.plan.links_from(self.rank))
+            self.sent_ahead = self.swapped_pages = 0  # Note [SGLang per-layer sends]
+            self.swapped: list = []  # Note [SGLang swapped pages]
+            self.layerwise, self.layer_ids = layerwise_setup(self)
             self.endpoint: PrefillEndpoint | None = None
             self.endpoint_error = ""
             port = int(server_args.disaggregation_bootstrap_port)
-            self.bootstrap = f"tcp://{_host()}:{port}"
+            self.bootstrap = f"tcp://{bootstrap_host()}:{port}"
             threading.Thread(target=self._open_prefill, name="pdc-sglang-open",
                              daemon=True).start()
         else:
@@ -289,7 +259,7 @@ class PdcKVManager(BaseKVManager):
 
     def _open_decode(self, bootstrap_addr: str, opened: threading.Event) -> None:
         t_open = time.monotonic()
-        addr = _bootstrap_zmq(bootstrap_addr)
+        addr = bootstrap_zmq(bootstrap_addr)
         layout = self.family.layout
         try:
             table = fetch_table(addr, knobs.get("bootstrap_timeout_s"))
@@ -350,7 +320,7 @@ class PdcKVManager(BaseKVManager):
         return False  # pdc checks its own link digests (knob `checksum`)
 
 
-class PdcKVSender(BaseKVSender):
+class PdcKVSender(SendsAhead, BaseKVSender):
     """Prefill's side of one request: SGLang's chunks become pdc chunks with absolute page
     positions (Note [Absolute page positions] in pdc.runtime.indices).
 
@@ -438,17 +408,25 @@ class PdcKVSender(BaseKVSender):
         elif self.pages_sent > self.num_pages:
             self.error = (f"SGLang sent pages {start}..{self.pages_sent - 1}, but init() said "
                           f"the request has {self.num_pages}")
-        elif last:  # Note [SGLang DSA indexer keys]
-            self.error = page_list_error(dsa_pages(state_indices, types), self.page_list)
+        elif last:  # Notes [SGLang DSA indexer keys], [SGLang QSA state]
+            self.error = state_pages_error(state_indices, types, self.page_list,
+                                           self.prefix_tokens // self.kv_mgr.page_size)
         if self.error:
             self.sender.abort()
             return
         pages = apply_faults(self.bootstrap_room, pages, last)
+        rest = self.match_ahead(pages)  # Note [SGLang per-layer sends]
+        if not rest and not last:
+            return
         prefix_pages = self.prefix_tokens // self.kv_mgr.page_size
-        slot = apply_slot_fault(self.bootstrap_room, _slot(state_indices, types)) if last \
-            else -1
-        self.sender.send(pages, prefix_pages + start, last, self.prefix_tokens + self.tokens_sent,
-                         slot=slot, aux_row=self.aux_index if last else -1)
+        room = self.bootstrap_room
+        slot, ring = (apply_slot_fault(room, _slot(state_indices, types)), apply_slot_fault(
+            room, ring_slot(state_indices, types), "wrong_ring")) if last else (-1, -1)
+        window = window_pages(state_indices, types) if last else None  # Note [SGLang SWA pools]
+        self.sender.send(rest, prefix_pages + start + len(pages) - len(rest), last,
+                         self.prefix_tokens + self.tokens_sent, slot=slot, ring_slot=ring,
+                         aux_row=self.aux_index if last else -1,
+                         window_page_ids=apply_window_fault(room, window))
 
     def poll(self) -> KVPoll:
         if self.error:
@@ -538,15 +516,17 @@ class PdcKVReceiver(BaseKVReceiver):
             return
         types = getattr(self.kv_mgr.kv_args, "state_types", None)
         own = [int(x) for x in kv_indices]
-        wrong = page_list_error(dsa_pages(state_indices, types), own)
-        if wrong:  # Note [SGLang DSA indexer keys]
+        wrong = state_pages_error(state_indices, types, own, prefix // page_size)
+        if wrong:  # Notes [SGLang DSA indexer keys], [SGLang QSA state]
             self.error = wrong
             self.receiver.abort(wait=False)
             return
         # Note [SGLang decode prefix]: page 0 at the positions decode holds already
         pages = [0] * (prefix // page_size) + own
         self.receiver.init(pages, prefix, slot=_slot(state_indices, types),
-                           aux_row=-1 if aux_index is None else int(aux_index))
+                           ring_slot=ring_slot(state_indices, types),
+                           aux_row=-1 if aux_index is None else int(aux_index),
+                           window_page_ids=window_pages(state_indices, types))
 
     def poll(self) -> KVPoll:
         if self.error:

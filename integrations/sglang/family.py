@@ -13,8 +13,8 @@ with the first difference, so the message says which spec to write or fix.
 Note [SGLang aux row]: SGLang's MetadataBuffers registers one buffer per field, in the order
 of `MetadataBuffers.get_buf_infos` (disaggregation/utils.py); pdc's spec names each field as
 a tensor of an aux component. AUX_FIELDS is that order for the buffers SGLang registers by
-default; optional fields (sampling mask, DSA top-k, KV checksum) change the list and are
-refused by name.
+default; the DSA top-k seed goes before the room where the bound family holds `aux_dsa_topk`
+(`aux_fields`); the other optional fields (sampling mask, KV checksum) are refused by name.
 
 Note [SGLang memory kinds]: on a GPU SGLang 0.5.23 allocates its KV pools on the scheduler's
 GPU (`mem_cache/memory_pool.py:2580-2648`, MHATokenToKVPool._create_buffers_normal: K and V of
@@ -63,9 +63,16 @@ from pdc.runtime.pools import EnginePools, RegistrationMismatch, address_device,
 from pdc.runtime.spec_path import find_family, search_folders
 
 from .dsa import DSA_INDEX, check_registered, dsa_buffers_of
-from .regions import RefusedModel, Region
+from .qsa import QSA_TYPES, qsa_buffers_of
+from .qsa import check_registered as check_qsa_registered
+from .regions import UNCARRIED_STATE, RefusedModel, Region
+from .swa import check_registered as check_swa_registered
+from .swa import check_served as check_swa_served
+from .swa import swa_buffers_of
 
 ENGINE = "sglang"  # the engine a spec's `serves` names for this backend
+# page components SGLang registers as state, not in kv_data_ptrs, each in its own dtype
+STATE_PAGES = (*DSA_INDEX, "qsa_compressed")
 
 # Note [SGLang aux row]: get_buf_infos order with SGLang's default settings.
 AUX_FIELDS = (
@@ -76,7 +83,7 @@ AUX_FIELDS = (
 # aux components with one tensor carry it under the component's name in the spec
 AUX_SINGLE = {"output_top_logprobs_val": "aux_top_val", "output_top_logprobs_idx": "aux_top_idx",
               "output_topk_index": "aux_topk_index", "output_hidden_states": "aux_hidden",
-              "bootstrap_room": "aux_room"}
+              "bootstrap_room": "aux_room", "output_dsa_topk_indices": "aux_dsa_topk"}
 
 
 @dataclass(frozen=True)
@@ -213,7 +220,7 @@ def draft_page_components(layout: FamilyLayout) -> tuple[str, ...]:
     ones that may hold no layers, when the band is empty), in spec order."""
     draft = set(layout.draft_ids)
     return tuple(c.name for c in layout.components
-                 if c.index == "page" and set(c.layer_ids) <= draft and c.name not in DSA_INDEX)
+                 if c.index == "page" and set(c.layer_ids) <= draft and c.name not in STATE_PAGES)
 
 
 def buffers_of(kv_args, page_tensors=(("kv", "k"), ("kv", "v")), layout=None,
@@ -251,7 +258,11 @@ def buffers_of(kv_args, page_tensors=(("kv", "k"), ("kv", "v")), layout=None,
         raise RefusedModel(f"pdc: SGLang registered {len(ptrs)} KV buffers, not a whole "
                            f"number of layers of the spec's page tensors ({names})")
     per_tensor = len(ptrs) // len(page_tensors)
-    if len(layer_ids) != len(ptrs):
+    own = [i for i in layout.component(page_tensors[0][0]).layer_ids
+           if i not in layout.draft_ids] if layout is not None else []
+    if len(layer_ids) != len(ptrs) and len(own) == per_tensor:
+        layer_ids = own * len(page_tensors)  # a pool that names no layers holds the spec's
+    elif len(layer_ids) != len(ptrs):
         start = int(getattr(kv_args, "prefill_start_layer", 0) or 0)
         layer_ids = [start + i for i in range(per_tensor)] * len(page_tensors)
     for i, (ptr, nbytes, item) in enumerate(zip(ptrs, lens, items, strict=True)):
@@ -318,14 +329,6 @@ def _draft_buffers(kv_args, layout: FamilyLayout, names: tuple[str, ...], draft:
     return out
 
 
-# SGLang state types pdc refuses, and what they hold (docs/sglang.md "Sliding-window pools")
-UNCARRIED_STATE = {
-    "swa": "the sliding-window layers' own pool, SWAKVPool: pages of its own page space, the "
-           "window's only",
-    "dsa_tail": "the DSA indexer's kpool-compress tail, index_kpool > 1",
-}
-
-
 def state_buffers_of(kv_args, slot_components=("gdn_conv", "gdn_ssm"), locate=address_device,
                      layout: FamilyLayout | None = None) -> dict[tuple[str, str, int], Region]:
     """SGLang's per-request state buffers (mamba pool) as (component, tensor, layer id).
@@ -334,24 +337,39 @@ def state_buffers_of(kv_args, slot_components=("gdn_conv", "gdn_ssm"), locate=ad
     pool's list is every layer's conv state, then every layer's temporal state
     (MambaPool.get_contiguous_buf_infos), `state_layer_ids` naming each entry's layer. Its
     items are slots: SGLang sends the request's slot in `state_indices` with the last chunk.
-    A DSA pool's indexer keys are page-indexed (Note [SGLang DSA indexer keys] in dsa.py);
-    other state types (SWA, ...) are refused by name until a spec declares them."""
+    A DSA pool's indexer keys are page-indexed (Note [SGLang DSA indexer keys] in dsa.py), a
+    QSA pool's state ring- and page-indexed (Note [SGLang QSA state] in qsa.py), a SWAKVPool's
+    sliding layers window-indexed (Note [SGLang SWA pools] in swa.py); other state types are
+    refused by name until a spec declares them."""
     out: dict[tuple[str, str, int], Region] = {}
     types = [str(getattr(t, "value", t)) for t in getattr(kv_args, "state_types", None) or []]
     check_registered(types, layout)
+    check_qsa_registered(types, layout)
+    check_swa_registered(types, layout)
     for i, kind in enumerate(types):
-        if kind == "dsa":
-            out.update(dsa_buffers_of(kv_args, i, layout, locate))
+        if kind in ("dsa", "swa"):
+            made = dsa_buffers_of if kind == "dsa" else swa_buffers_of
+            out.update(made(kv_args, i, layout, locate))
+            continue
+        if kind in QSA_TYPES:
+            out.update(qsa_buffers_of(kv_args, i, kind, layout, locate))
             continue
         if kind != "mamba":
             why = f" ({UNCARRIED_STATE[kind]})" if kind in UNCARRIED_STATE else ""
             raise RefusedModel(f"pdc: SGLang registered {kind!r} state buffers{why}; pdc's "
-                               "SGLang specs carry mamba slot state and DSA indexer keys only "
-                               "so far")
+                               "SGLang specs carry mamba slot state, DSA indexer keys, QSA "
+                               "indexer state and sliding-window pages only so far")
         ptrs, lens = kv_args.state_data_ptrs[i], kv_args.state_data_lens[i]
         items = kv_args.state_item_lens[i]
         layer_ids = list((getattr(kv_args, "state_layer_ids", None) or [[]] * (i + 1))[i])
         blocks = len(slot_components)
+        first = layout.component(slot_components[0]) if layout and slot_components else None
+        if first is not None and len(ptrs) != blocks * len(first.layer_ids):
+            raise RefusedModel(
+                f"pdc: SGLang registered {len(ptrs)} mamba state buffers, {layout.family}'s "
+                f"{', '.join(slot_components)} take {blocks * len(first.layer_ids)} ({blocks} "
+                f"per GDN layer, {first.loc}); hint: slot state of other layers (Qwen3.8's PLE "
+                "short-conv and n-gram state, ple_layer_ids) is not described by pdc's specs")
         if len(ptrs) % blocks:
             raise RefusedModel(f"pdc: SGLang registered {len(ptrs)} mamba state buffers, not "
                                f"{blocks} per layer ({', '.join(slot_components)})")
@@ -367,17 +385,30 @@ def state_buffers_of(kv_args, slot_components=("gdn_conv", "gdn_ssm"), locate=ad
     return out
 
 
-def aux_buffers_of(kv_args, locate=address_device) -> dict[tuple[str, str], Region]:
+def aux_fields(layout: FamilyLayout | None) -> tuple[str, ...]:
+    """SGLang's aux fields in get_buf_infos order for this family: the default ones, and the
+    DSA top-k seed before the room where the bound family holds it (docs/sglang.md "DSA
+    top-k seed")."""
+    seed = layout is not None and any(c.name == "aux_dsa_topk" and c.stages != "none"
+                                      for c in layout.components)
+    return AUX_FIELDS[:-1] + ("output_dsa_topk_indices",) * seed + AUX_FIELDS[-1:]
+
+
+def aux_buffers_of(kv_args, locate=address_device,
+                   layout: FamilyLayout | None = None) -> dict[tuple[str, str], Region]:
     """SGLang's aux buffers as (component, tensor) -> region; Note [SGLang aux row]."""
     ptrs, lens, items = kv_args.aux_data_ptrs, kv_args.aux_data_lens, kv_args.aux_item_lens
-    if len(ptrs) != len(AUX_FIELDS):
+    fields = aux_fields(layout)
+    if len(ptrs) != len(fields):
+        who = layout.family if layout is not None else "pdc's SGLang spec"
         raise RefusedModel(
-            f"pdc: SGLang registered {len(ptrs)} aux buffers, pdc's SGLang specs declare "
-            f"{len(AUX_FIELDS)} ({', '.join(AUX_FIELDS)}); turn off "
-            "SGLANG_ENABLE_DISAGG_SAMPLING_MASK, --disaggregation-enable-kv-checksum and "
-            "DSA top-k seeding, which add buffers")
+            f"pdc: SGLang registered {len(ptrs)} aux buffers, {who} declares {len(fields)} "
+            f"({', '.join(fields)}); SGLang adds 3 for SGLANG_ENABLE_DISAGG_SAMPLING_MASK and 1 "
+            "for --disaggregation-enable-kv-checksum, which pdc's specs do not carry, and 1 for "
+            "the DSA top-k seed where a DSA model's config sets index_share_for_mtp_iteration; "
+            "hint: turn off the first two (docs/sglang.md \"DSA top-k seed\")")
     out = {}
-    for name, ptr, nbytes, item in zip(AUX_FIELDS, ptrs, lens, items, strict=True):
+    for name, ptr, nbytes, item in zip(fields, ptrs, lens, items, strict=True):
         comp = AUX_SINGLE.get(name)
         if comp is None:
             comp = "aux_i32" if name in ("output_ids", "cached_tokens",
@@ -434,7 +465,7 @@ def engine_pools(layout: FamilyLayout, plan: Plan, side: str, rank: RankId,
     kv = buffers_of(kv_args, _kv_tensors(layout), layout)
     kv.update(state_buffers_of(kv_args, tuple(c for c, _ in _tensors_of(layout, "slot")),
                                layout=layout))
-    aux = aux_buffers_of(kv_args)
+    aux = aux_buffers_of(kv_args, layout=layout)
     if kv_dtype is None:
         kv_dtype = served_kv_dtype(kv_args)
     tensors, labels = {}, {}
@@ -447,7 +478,7 @@ def engine_pools(layout: FamilyLayout, plan: Plan, side: str, rank: RankId,
                 region = kv.get((name, tensor, layer_id))
                 # the KV dtype names the page pools; slot state keeps its own (GDN's
                 # recurrent state is float32 in a bfloat16 model)
-                if region is not None and comp.index == "page" and name not in DSA_INDEX \
+                if region is not None and comp.index == "page" and name not in STATE_PAGES \
                         and kv_dtype not in ("", "auto", comp.dtype):
                     raise RefusedModel(f"pdc: {layout.family} ({comp.loc}) holds {name} in "
                                        f"{comp.dtype}, the server's KV cache is {kv_dtype}")
@@ -470,7 +501,7 @@ def served_device(layout: FamilyLayout, kv_args, locate=address_device) -> str:
     regions = [*buffers_of(kv_args, _kv_tensors(layout), layout, locate).values(),
                *state_buffers_of(kv_args, tuple(c for c, _ in _tensors_of(layout, "slot")),
                                  locate, layout).values(),
-               *aux_buffers_of(kv_args, locate).values()]
+               *aux_buffers_of(kv_args, locate, layout).values()]
     try:
         chosen = engine_device({r.what: r.device for r in regions}, layout.spec_path,
                                owner="SGLang's buffers of this rank", hint=MIXED_HINT,
@@ -494,9 +525,10 @@ def _tensors_of(layout: FamilyLayout, index: str) -> tuple[tuple[str, str], ...]
 
 
 def _kv_tensors(layout: FamilyLayout) -> tuple[tuple[str, str], ...]:
-    """The page tensors SGLang registers in kv_data_ptrs: all but the DSA indexer keys,
-    which come as state (Note [SGLang DSA indexer keys] in dsa.py)."""
-    return tuple(t for t in _tensors_of(layout, "page") if t[0] not in DSA_INDEX)
+    """The page tensors SGLang registers in kv_data_ptrs: all but the DSA indexer keys and
+    the QSA compressed keys, which come as state (Notes [SGLang DSA indexer keys] in dsa.py,
+    [SGLang QSA state] in qsa.py)."""
+    return tuple(t for t in _tensors_of(layout, "page") if t[0] not in STATE_PAGES)
 
 
 def _single_field(component: str) -> str:
@@ -533,6 +565,7 @@ def served_family(model_path: str, kv_args, tp: int, tp_rank: int,
     one = side(tp, 1, 1, page_size)
     plan = make_plan(family, one, one, "local")
     try:
+        check_swa_served(layout, config)  # Note [SGLang SWA pools]
         engine_pools(layout, plan, "prefill", RankId(0, tp_rank), kv_args, kv_dtype)
     except RefusedModel as e:
         raise RefusedModel(f"pdc: {arch} ({model_path}) does not fit its spec: "

@@ -13,6 +13,10 @@ moves (they must change that request's tokens):
   the request's own pages, which attention would not notice).
 - `wrong_slot`: the request's state is read from the slot before its own (Note [SGLang mamba
   state] in family.py): decode's slot, the one its next step reads, gets another slot's state.
+- `wrong_ring`: the request's QSA pending ring is read from the request-pool row before its
+  own (Note [SGLang QSA state] in qsa.py).
+- `wrong_window_page`: the first page of the request's sliding-window list is read from the
+  SWA pool page before it (Note [SGLang SWA pools] in swa.py).
 The neighbour is the one before, not after: SGLang hands out its highest free slot first
 (mem_cache/memory_pool.py, `free_slots[-need_size:]`), whose next one is past the pool; page
 and slot 0 are SGLang's padding, so the one before a 0 is the one after it.
@@ -23,7 +27,8 @@ from __future__ import annotations
 import os
 
 ENV = "PDC_SGLANG_FAULTS"
-KINDS = ("page_out_of_range", "extra_page", "wrong_page", "wrong_slot")
+KINDS = ("page_out_of_range", "extra_page", "wrong_page", "wrong_slot", "wrong_ring",
+         "wrong_window_page")
 OUT_OF_RANGE_PAGE = 1 << 40
 
 
@@ -54,11 +59,19 @@ def apply(room: int, pages: list[int], last: bool) -> list[int]:
     return pages
 
 
-def apply_slot(room: int, slot: int) -> int:
-    """The prefill slot the request's state is read from (-1: it has none)."""
-    if slot < 0 or _PLANNED.get(room) != "wrong_slot":
+def apply_slot(room: int, slot: int, kind: str = "wrong_slot") -> int:
+    """The prefill slot (or, for `wrong_ring`, QSA ring slot) the request's state is read
+    from (-1: it has none)."""
+    if slot < 0 or _PLANNED.get(room) != kind:
         return slot
     return _neighbour(slot)
+
+
+def apply_window(room: int, pages: list[int] | None) -> list[int] | None:
+    """The SWA pages the request's window is read from (None: it has none)."""
+    if not pages or _PLANNED.get(room) != "wrong_window_page":
+        return pages
+    return [_neighbour(pages[0])] + pages[1:]
 
 
 def _neighbour(index: int) -> int:

@@ -27,3 +27,20 @@ def state_entry(state_indices, state_types, kind: str):
         if str(getattr(t, "value", t)) == kind:
             return entry
     return None
+
+
+def mamba_slot(state_indices, state_types=None) -> int:
+    """The request's mamba slot from SGLang's `state_indices` (one entry per state type of
+    KVArgs.state_types, the mamba one an array holding the slot; Note [SGLang mamba state] in
+    family.py), or -1 when the model keeps no slot state; a DSA pool's pages and a QSA ring's
+    req_pool_idx are no mamba slot."""
+    entries = [state_entry(state_indices, state_types, "mamba")] if state_types else \
+        list(state_indices or ())
+    return next((int(e[0]) for e in entries if e is not None and len(e)), -1)
+
+
+# SGLang state types pdc refuses, and what they hold
+UNCARRIED_STATE = {
+    "dsa_tail": "the DSA indexer's kpool-compress tail, index_kpool > 1",
+    "block_scale_swa": "the MXFP8 block scales of SWAKVPool's sliding-window pool",
+}

@@ -12,6 +12,7 @@ from .common import (
     MAX_DEMO_PROMPTS,
     arg,
     command,
+    err,
     range_problem,
     spec_family,
     usage_error,
@@ -19,6 +20,8 @@ from .common import (
 
 # Repetitions of a demo's backends: each starts fresh engines (a minute or more on a CPU).
 MAX_DEMO_REPEAT = 20
+# Attention-DP groups of `pdc sglang-demo --dp`: one rank (a scheduler process) each per server
+MAX_SGLANG_DP = 8
 
 
 @command(
@@ -127,6 +130,12 @@ def cmd_vllm_demo(args: argparse.Namespace) -> int:
         help="run every backend N times, each repetition in another order (default: 1)"),
     arg("--timeline", action="store_true",
         help="log pdc's transfers and print the phases of its requests"),
+    arg("--dp", type=int, default=1, metavar="N",
+        help="N attention-DP groups on every server (--tp N --dp N --enable-dp-attention; "
+             "on a CPU deepseek-mla only; default: 1)"),
+    arg("--spec-decode", action="store_true",
+        help="speculative decoding, the draft state from prefill: EAGLE with a tiny draft "
+             "(llama, qwen3) or MTP (deepseek-mla); needs CUDA"),
 )
 def cmd_sglang_demo(args: argparse.Namespace) -> int:
     """Real SGLang prefill and decode servers with pdc's transfer backend, checked token by token.
@@ -139,7 +148,11 @@ def cmd_sglang_demo(args: argparse.Namespace) -> int:
     moved, transfer ms and TTFT p50/p99. `--compare` adds SGLang's own mooncake backend on the
     same settings, side by side. `--family qwen3` serves a tiny dense Qwen3 instead of the
     tiny Llama, `qwen3-next` a hybrid Gated DeltaNet model (slot state), `deepseek-mla` an MLA
-    model (latent pool). The table goes to stdout, progress to stderr.
+    model (latent pool). `--dp N` runs N attention-DP groups on every server, the plain one
+    too; `--spec-decode` speculates on both PD servers (a tiny EAGLE draft, or DeepSeek's MTP
+    layer) while the plain server does not. A combination SGLang cannot run on this machine
+    is refused before any server starts, with SGLang's reason. The table goes to stdout,
+    progress to stderr.
 
     Exit status: 0 when every prompt of every run was token-identical, 1 otherwise (no
     SGLang environment included), 2 for a usage error.
@@ -149,9 +162,16 @@ def cmd_sglang_demo(args: argparse.Namespace) -> int:
     bad = range_problem((("--prompts", args.prompts, 1, MAX_DEMO_PROMPTS),
                           ("--in-flight", args.in_flight, 1, MAX_DEMO_CONCURRENCY),
                           ("--tokens", args.tokens, 1, MAX_DEMO_NEW_TOKENS),
-                          ("--repeat", args.repeat, 1, MAX_DEMO_REPEAT)))
+                          ("--repeat", args.repeat, 1, MAX_DEMO_REPEAT),
+                          ("--dp", args.dp, 1, MAX_SGLANG_DP)))
     if bad:
         return usage_error("sglang-demo", *bad, False)
+    from pdc.serving.sglang_variants import Refusal, cuda_machine, plan_variant
+
+    variant = plan_variant(args.family, args.dp, args.spec_decode, cuda_machine())
+    if isinstance(variant, Refusal):  # before any server starts (Note [Demo variants])
+        err(f"pdc sglang-demo: error: {variant.message}", f"  hint: {variant.hint}")
+        return 1
     return run_demo(args.prompts, args.engine, args.compare, args.in_flight, args.tokens,
                     args.seed, args.keep_logs, family=args.family, repeat=args.repeat,
-                    timeline=args.timeline)
+                    timeline=args.timeline, variant=variant)

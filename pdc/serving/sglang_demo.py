@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from ..console import Counter, print_table, wrap
 from . import sglang_harness as H
+from . import sglang_variants as V
 
 
 @dataclass
@@ -60,14 +61,20 @@ def _waiting(text: str) -> None:
 
 def run_pair(python: str, model: str, workdir: str, backend: str, engine: str,
              prompts: list[list[int]], reference: list[list[int]], new_tokens: int,
-             in_flight: int, rep: int = 0, server_args: tuple[str, ...] = ()) -> Row:
+             in_flight: int, rep: int = 0, server_args: tuple[str, ...] = (), tp: int = 1,
+             env: dict | None = None) -> Row:
+    """`tp` ranks per server (`--dp` runs one per attention-DP group), `env` for both."""
     label = f"{backend}/{engine}"
     print(f"pdc sglang-demo: starting prefill + decode ({label}) and the router ...",
           file=sys.stderr)
     logs = os.path.join(workdir, f"rep{rep}-{backend}-{engine}")
     os.makedirs(logs, exist_ok=True)
+    t_start = time.monotonic()
     pair = H.PDPair.start(python, model, logs, backend=backend, engine=engine,
-                          server_args=server_args, progress=_waiting)
+                          server_args=server_args, progress=_waiting, prefill_tp=tp,
+                          decode_tp=tp, prefill_env=env, decode_env=env)
+    _waiting(f"{label}: the pair and the router answered after "
+             f"{time.monotonic() - t_start:.0f} s")
     try:
         before = H.metrics(pair.prefill.url)
         t0 = time.monotonic()
@@ -97,6 +104,20 @@ def run_pair(python: str, model: str, workdir: str, backend: str, engine: str,
                [f"prompt {r.prompt}: {r.error}" for r in results if r.error] +
                [f"prompt {i}: tokens differ from the plain server" for i in mismatched],
                rep, logs)
+
+
+def dp_groups(logs: str, dp: int) -> str:
+    """Which attention-DP groups pdc's managers registered under, per server (their logs)."""
+    out = []
+    for side in ("prefill", "decode"):
+        text = ""
+        for name in sorted(os.listdir(logs)):
+            if name.endswith(f"-{side}.log"):
+                with open(os.path.join(logs, name), errors="replace") as f:
+                    text += f.read()
+        seen = [g for g in range(dp) if f"attention-DP group {g} of {dp}" in text]
+        out.append(f"{side} groups {', '.join(map(str, seen)) or 'none'} of {dp}")
+    return "pdc's managers registered on " + " and ".join(out)
 
 
 def print_rows(rows: list[Row], n: int, in_flight: int, out=None, load: str = "") -> None:
@@ -129,9 +150,13 @@ def print_rows(rows: list[Row], n: int, in_flight: int, out=None, load: str = ""
 
 def run_demo(prompts: int, engine: str, compare: bool, in_flight: int, new_tokens: int,
              seed: int, keep: bool, family: str = "llama", repeat: int = 1,
-             timeline: bool = False) -> int:
+             timeline: bool = False, variant: V.Variant | None = None) -> int:
     """`repeat` runs every backend that many times, each repetition in another order;
-    `timeline` has pdc log its transfers and prints their phases (pdc/serving/timeline.py)."""
+    `timeline` has pdc log its transfers and prints their phases (pdc/serving/timeline.py);
+    `variant` the servers' DP attention and speculation (Note [Demo variants])."""
+    variant = variant if variant is not None else V.plan_variant(family)
+    assert isinstance(variant, V.Variant), variant
+    env = dict(variant.env)
     if timeline:
         os.environ["PDC_TRANSFER_LOG"] = "1"  # the servers inherit it
     python = H.sglang_python()
@@ -141,20 +166,22 @@ def run_demo(prompts: int, engine: str, compare: bool, in_flight: int, new_token
         return 1
     workdir = tempfile.mkdtemp(prefix="pdc-sglang-demo-")
     try:
-        model = H.make_tiny_model(python, f"{workdir}/tiny-{family}", family)
+        model, variant = V.make_models(python, workdir, variant)
         batch = H.mixed_prompts(prompts, seed)
         print(wrap(f"pdc sglang-demo: {prompts} prompts to a tiny {family} "
                    f"({H.served_dtype(family)}) of "
                    f"{min(map(len, batch))}..{max(map(len, batch))} tokens "
                    f"({H.CHUNK_TOKENS}-token chunks, {H.PAGE_SIZE}-token pages), "
                    f"{new_tokens} greedy tokens each; "
+                   + (f"{variant.label()}; " if variant.label() else "")
                    + (f"logs in {workdir}" if keep else "servers' logs kept only on a failure "
                       "or with --keep-logs")), file=sys.stderr)
         print("pdc sglang-demo: starting a plain server for the reference tokens ...",
               file=sys.stderr)
-        server_args = H.SERVER_ARGS[family]  # the family's CPU-path flags
-        plain = H.start_plain(python, model, workdir, extra_args=server_args,
-                              progress=_waiting)
+        t_start = time.monotonic()
+        plain = H.start_plain(python, model, workdir, extra_args=variant.plain_args,
+                              tp=variant.tp, progress=_waiting, extra_env=env)
+        _waiting(f"plain: answered after {time.monotonic() - t_start:.0f} s")
         try:
             progress, on_done = _progress("plain", len(batch))
             try:
@@ -176,8 +203,13 @@ def run_demo(prompts: int, engine: str, compare: bool, in_flight: int, new_token
             k = rep % len(backends)
             for backend, eng in backends[k:] + backends[:k]:  # interleaved repetitions
                 rows.append(run_pair(python, model, workdir, backend, eng, batch, reference,
-                                     new_tokens, in_flight, rep, server_args))
+                                     new_tokens, in_flight, rep, variant.pd_args, variant.tp,
+                                     env))
         after = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+        if variant.dp > 1:
+            for r in rows:
+                if r.backend == "pdc":
+                    _waiting(f"{r.backend}/{r.engine}: {dp_groups(r.logs, variant.dp)}")
         print_rows(rows, prompts, in_flight,
                    load=f"; load average {load} before, {after} after")
         if timeline:

@@ -61,6 +61,13 @@ TINY_MODELS = {
             "rope_type": "yarn", "rope_theta": 10000.0, "factor": 1.0,
             "original_max_position_embeddings": 1024, "beta_fast": 32.0, "beta_slow": 1.0,
             "mscale": 1.0, "mscale_all_dim": 1.0})),
+    # hybrid sliding-window (SGLang's SWAKVPool): sliding layers 0 and 2 with a 32-token
+    # window, full 1 and 3, attention sinks, MoE; specs/sglang-swa.yaml
+    "gpt-oss": ("GptOssConfig", "GptOssForCausalLM", dict(
+        vocab_size=512, hidden_size=64, intermediate_size=64, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=32,
+        num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=1024,
+        layer_types=["sliding_attention", "full_attention"] * 2)),
 }
 # config.json keys SGLang 0.5.23 reads that transformers 5.19 does not save: Qwen3-Next's
 # full_attention_interval (SGLang's configs/qwen3_next.py; transformers saves layer_types) and
@@ -100,6 +107,9 @@ SERVER_ARGS: dict[str, tuple[str, ...]] = {
     "llama": (), "qwen3": (),
     "qwen3-next": ("--disable-radix-cache", "--dtype", SEED_DTYPE),
     "deepseek-mla": ("--attention-backend", "intel_amx", "--dtype", SEED_DTYPE),
+    # GPT-OSS: intel_amx is the one CPU backend SGLang allows it (arg_groups/model_hook.py:538);
+    # bfloat16, since its attention weights keep the config's dtype (models/gpt_oss.py:559)
+    "gpt-oss": ("--attention-backend", "intel_amx"),
 }
 
 
@@ -142,10 +152,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def make_tiny_model(python: str, out_dir: str, family: str = "llama") -> str:
+def make_tiny_model(python: str, out_dir: str, family: str = "llama",
+                    overrides: dict | None = None) -> str:
     """Write a tiny model of TINY_MODELS (safetensors + config, no tokenizer) with the SGLang
-    env's transformers; seed 0, so every run serves the same weights."""
+    env's transformers; seed 0, so every run serves the same weights. `overrides` replace
+    keys of the family's config."""
     config_class, model_class, config = TINY_MODELS[family]
+    config = dict(config, **(overrides or {}))
     code = (
         "import sys, torch\n"
         f"from transformers import {config_class}, {model_class}\n"

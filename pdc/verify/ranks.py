@@ -100,7 +100,8 @@ def request_labels(layout, plan, side, rank, seed, req: Req, side_ids):
         if comp.index == "page":
             positions = [(p, int(side_ids["pages"][p])) for p in range(n_pages)]
         elif comp.index == "window":
-            first = window_first_page(req.tokens, comp.window_tokens, page_size)
+            first = window_first_page(req.tokens, comp.window_tokens, page_size,
+                                      comp.prefix_pages(req.prefix_tokens, page_size))
             positions = [(first + i, int(w)) for i, w in enumerate(side_ids["window"])]
         elif comp.index == "slot":
             positions = [(0, side_ids["slot"])]
@@ -181,7 +182,8 @@ def allocate(plan, layout, reqs: list[Req], rng, pages: int, slots: int) -> None
                 nw = 0
                 for c in layout.components:
                     if c.index == "window":
-                        nw = n - window_first_page(r.tokens, c.window_tokens, s.page_size)
+                        nw = n - window_first_page(r.tokens, c.window_tokens, s.page_size,
+                                                   c.prefix_pages(r.prefix_tokens, s.page_size))
                 r.ids[side] = {"pages": page_ids, "slot": int(slot_ids[i]),
                                "ring": int(slot_ids[i]), "aux": int(slot_ids[i]),
                                "window": wins[w_next:w_next + nw].astype(np.int64)}

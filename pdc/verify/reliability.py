@@ -267,7 +267,8 @@ class Harness:
             for side, g in ((ROLE_PREFILL, pg), (ROLE_DECODE, dg)):
                 s = topo.prefill if side == ROLE_PREFILL else topo.decode
                 n = -(-req.tokens // s.page_size)
-                nw = sum(n - window_first_page(req.tokens, c.window_tokens, s.page_size)
+                nw = sum(n - window_first_page(req.tokens, c.window_tokens, s.page_size,
+                                               c.prefix_pages(req.prefix_tokens, s.page_size))
                          for c in self.layout.components if c.index == "window")
                 got = self.pools[(side, g)].take(n, nw)
                 if got is None:

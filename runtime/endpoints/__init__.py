@@ -4,9 +4,10 @@ Serving engines use the contract they know (names follow SGLang's): prefill
 `endpoint.sender(room).send(...)` per chunk; decode `endpoint.receiver(room, generation)
 .init(...)`; both `poll()` -> KVPoll and `abort()`.
 
-Threads per endpoint: one control hub (ZeroMQ; owns the sockets, see control.Hub) and one
-transfer worker (prefill only; owns the engine batches). State shared between them sits
-behind one lock per endpoint. Status is monotone: Bootstrapping < WaitingForInput <
+Threads per endpoint: one control hub (ZeroMQ; reads the sockets and runs the timers, while
+any thread sends: runtime/hub.py, Note [Sends from the caller's thread]) and one transfer
+worker (prefill only; owns the engine batches). State shared between them sits behind one
+lock per endpoint. Status is monotone: Bootstrapping < WaitingForInput <
 Transferring < Success; Failed is terminal and carries a reason.
 
 Note [Registration room]: replies to a registration travel as Status messages for the

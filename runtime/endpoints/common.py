@@ -29,6 +29,7 @@ class RequestStats:
     bytes: int = 0
     descriptors: int = 0
     batches: int = 0
+    layer_batches: int = 0  # of `batches`: one layer's pages, before the forward was done
     t_init: float = 0.0
     t_done: float = 0.0
 

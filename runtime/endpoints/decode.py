@@ -12,8 +12,9 @@ import numpy as np
 from .. import integrity, knobs, staging
 from .. import wire as W
 from ..bringup import unreachable_pairing
-from ..control import ControlError, HostSettings, Hub, fetch_table
+from ..control import ControlError, HostSettings, fetch_table
 from ..engines.base import TransferEngine
+from ..hub import Hub
 from ..indices import (
     DecodeTarget,
     IndexError_,

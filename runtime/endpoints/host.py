@@ -15,9 +15,9 @@ import numpy as np
 
 from .. import staging
 from .. import wire as W
-from ..control import Hub
 from ..datapath import LocalBuffer
 from ..engines.base import TransferEngine
+from ..hub import Hub
 from ..indices import DecodeTarget
 from ..layout_types import ComponentLayout, FamilyLayout
 from ..metrics import RecordBuffer, TransferMetrics

@@ -10,9 +10,10 @@ from collections import Counter, OrderedDict
 import numpy as np
 
 from .. import knobs
-from ..control import Hub, bootstrap_call
+from ..control import bootstrap_call
 from ..datapath import LocalBuffer
 from ..engines.base import TransferEngine
+from ..hub import Hub
 from ..indices import (
     PrefillChunk,
 )
@@ -33,7 +34,7 @@ from .prefill_control import PrefillControl
 from .prefill_worker import PrefillWorker
 from .records import _Chunk, _Final, _Peer, _Room
 from .staged import PrefillStaging, _deregister_arena, _launches, _staging_arena
-from .states import sender_poll
+from .states import TERMINAL, sender_poll
 
 
 class PrefillEndpoint(PrefillHandshake, PrefillControl, PrefillLiveness, PrefillWorker,
@@ -301,6 +302,15 @@ class PrefillSender:
             r = self._r
             return sender_poll(r.state, retired=r.retired, in_flight=bool(r.inflight),
                                issued=bool(r.stats.batches))
+
+    def writes_pending(self) -> bool:
+        """Are writes of this use queued but not issued, or issued and not completed? An
+        integration whose engine may reuse a source page once this says False asks it
+        (Note [SGLang per-layer sends] in integrations/sglang/layerwise.py)."""
+        with self.ep.lock:
+            r = self._r
+            return bool(r.inflight) or (r.state not in TERMINAL and not r.retired and
+                                        any(not c.sent_all for c in r.chunks))
 
     @property
     def stats(self) -> RequestStats:

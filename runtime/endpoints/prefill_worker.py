@@ -153,7 +153,10 @@ class PrefillWorker(PrefillHost):
                            and (layers is None or comp.sentinel in layers)]
                     if due:
                         self._remap_slots(r, c, due)
+                issued = r.stats.batches
                 self._submit(r, c, layers)
+                if not finished:
+                    r.stats.layer_batches += r.stats.batches - issued
                 if finished and r.checksum:
                     self._digest_chunk(r, c)
             except (IndexError_, ValueError) as e:
@@ -344,6 +347,7 @@ class PrefillWorker(PrefillHost):
             side="prefill", rank=self.rank_label, room=r.room, ok=r.state == KVPoll.Success,
             reason=r.reason if r.state == KVPoll.Failed else "", bytes=r.stats.bytes,
             descriptors=r.stats.descriptors, batches=r.stats.batches, engine=self.engine.name,
+            layer_batches=r.stats.layer_batches,
             t_start=r.created, t_bootstrap_done=r.t_requested, t_first_write=r.stats.t_init,
             t_done=time.monotonic(), generation=r.generation or 0,
             t_forward_done=r.t_forward_done, ring_waits=self._ring_waits(r)))

@@ -314,13 +314,58 @@ def test_decode_attention_stores_the_new_token_and_attends_over_the_pool(heads, 
             q[i:i + 1], k_buffer[rows], v_buffer[rows], 0.3, None), atol=1e-5, rtol=1e-5)
 
 
+def _naive_windowed(q, k, v, scale, first, window, sinks):
+    """Query i (at position first + i) sees keys first + i - window + 1 .. first + i; a
+    head's sink logit joins its softmax's denominator: a plain loop."""
+    out = torch.zeros(q.shape[0], q.shape[1], v.shape[-1])
+    group = q.shape[1] // k.shape[1]
+    for i in range(q.shape[0]):
+        hi = first + i + 1
+        lo = max(0, hi - window)
+        for h in range(q.shape[1]):
+            kh, vh = k[lo:hi, h // group, : q.shape[-1]], v[lo:hi, h // group]
+            logits = torch.cat([(kh @ q[i, h]) * scale, sinks[h:h + 1]])
+            out[i, h] = torch.softmax(logits, 0)[:-1] @ vh
+    return out
+
+
+def test_sliding_window_and_sinks_in_both_ops():
+    # GPT-OSS's sliding layers (the backend passes window_left + 1 = 5) with a sink per head:
+    # a 3-token prefix in the pool and a 9-token chunk, then one decode step at position 12
+    heads, kv_heads, dim, window = 4, 2, 16, 5
+    k_buffer, v_buffer = _randn(40, kv_heads, dim, seed=120), _randn(40, kv_heads, dim, seed=121)
+    table, req_idx = _paged([13], seed=122)
+    sinks = _randn(heads, seed=123)
+    q, k, v = (_randn(9, heads, dim, seed=124), _randn(9, kv_heads, dim, seed=125),
+               _randn(9, kv_heads, dim, seed=126))
+    out = torch.zeros(9, heads, dim)
+    ops.extend_attention_cpu(q, k, v, out, k_buffer, v_buffer, 1.0, 1.0, table, req_idx,
+                             torch.tensor([12]), torch.tensor([9]), torch.tensor([0]), 9, 0.25,
+                             0.0, False, window, None, sinks, None, True)
+    rows = table[1, :3].long()
+    all_k, all_v = torch.cat([k_buffer[rows], k]), torch.cat([v_buffer[rows], v])
+    torch.testing.assert_close(out, _naive_windowed(q, all_k, all_v, 0.25, 3, window, sinks),
+                               atol=1e-5, rtol=1e-5)
+    k_buffer[table[1, 3:12].long()], v_buffer[table[1, 3:12].long()] = k, v
+    q1, out1 = _randn(1, heads, dim, seed=127), torch.zeros(1, heads, dim)
+    loc = table[1, 12:13].long()
+    ops.decode_attention_cpu(q1, k_buffer, v_buffer, 1.0, 1.0, out1, k[:1], v[:1], loc,
+                             torch.zeros(1, heads, 8, dim + 1), table, req_idx,
+                             torch.tensor([13]), 0.25, 0.0, False, window, None, sinks)
+    rows = table[1, :13].long()
+    torch.testing.assert_close(out1, _naive_windowed(q1, k_buffer[rows], v_buffer[rows], 0.25,
+                                                     12, window, sinks), atol=1e-5, rtol=1e-5)
+
+
 def test_attention_refuses_what_it_does_not_implement():
     q = torch.zeros(1, 1, 8)
-    with pytest.raises(NotImplementedError, match="sliding window, sinks, a tree mask"):
+    with pytest.raises(NotImplementedError) as e:
         attention.extend_attention_cpu(q, q, q, q.clone(), q, q, 1.0, 1.0,
                                        torch.zeros(1, 1, dtype=torch.int32), torch.tensor([0]),
                                        torch.tensor([1]), torch.tensor([1]), torch.tensor([0]),
-                                       1, 1.0, 0.0, False, 4, None, None, None, True)
+                                       1, 1.0, 0.0, False, 4, None, None, q, True)
+    assert str(e.value) == ("sgl_kernel CPU shim: attention with a tree mask or cross "
+                            "attention is not implemented")
 
 
 # ~~~ the negative-control faults the server tests use (Note [Shim fault]) ~~~

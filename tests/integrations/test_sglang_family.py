@@ -117,7 +117,8 @@ def test_an_unknown_architecture_is_refused_naming_where_pdc_looked(model_dir, m
         f"pdc: the served model ({path}): pdc has no spec for architecture MambaForCausalLM "
         "served by sglang; looked in: PDC_SPEC_PATH is not set; pdc's package (sglang specs "
         "for DeepseekV2ForCausalLM, DeepseekV32ForCausalLM, DeepseekV3ForCausalLM, "
-        "GlmMoeDsaForCausalLM, LlamaForCausalLM, Qwen3ForCausalLM, Qwen3NextForCausalLM)",
+        "GlmMoeDsaForCausalLM, GptOssForCausalLM, LlamaForCausalLM, Qwen3ForCausalLM, "
+        "Qwen3NextForCausalLM, Qwen4ExpForConditionalGeneration)",
         "  hint: write a spec with `serves: {engine: sglang, architectures: "
         "[MambaForCausalLM]}` (docs/adding-a-family.md) into a folder and name it in "
         "PDC_SPEC_PATH"]
@@ -145,8 +146,8 @@ def test_a_llama_whose_buffers_are_not_its_config_is_refused_with_the_difference
 
 def test_extra_aux_buffers_are_refused_naming_the_settings(model_dir):
     fields = F.AUX_FIELDS + ("kv_checksum",)
-    with pytest.raises(F.RefusedModel, match="SGLang registered 11 aux buffers, pdc's SGLang "
-                                             "specs declare 10"):
+    with pytest.raises(F.RefusedModel, match="SGLang registered 11 aux buffers, sglang-llama "
+                                             "declares 10"):
         F.served_family(model_dir("LlamaForCausalLM"), _kv_args(aux_fields=fields), 1, 0)
 
 
@@ -262,12 +263,31 @@ def test_a_hybrid_state_of_another_dtype_is_refused_naming_both_sides(model_dir)
         "of TP 1")
 
 
+def test_slot_state_beyond_the_gdn_layers_is_refused_naming_the_spec(model_dir):
+    # Qwen3.8's PLE short-conv and n-gram state rides the mamba slot as extra entries
+    # (MambaPool's slot siblings); the spec describes the GDN layers' conv and temporal only
+    args = _seed_kv_args("qwen3-next")
+    args.state_data_ptrs[0] += args.state_data_ptrs[0][:2]
+    args.state_data_lens[0] += args.state_data_lens[0][:2]
+    args.state_item_lens[0] += args.state_item_lens[0][:2]
+    args.state_layer_ids[0] += [(1 << 32) - 1, (1 << 32) - 1]
+    path = model_dir("Qwen3NextForCausalLM", **QWEN3_NEXT)
+    with pytest.raises(F.RefusedModel) as e:
+        F.served_family(path, args, 1, 0)
+    assert str(e.value) == (
+        f"pdc: Qwen3NextForCausalLM ({path}) does not fit its spec: SGLang registered 8 mamba "
+        "state buffers, sglang-qwen3-next's gdn_conv, gdn_ssm take 6 (2 per GDN layer, "
+        "specs/sglang-qwen3-next.yaml:58:3); hint: slot state of other layers (Qwen3.8's PLE "
+        "short-conv and n-gram state, ple_layer_ids) is not described by pdc's specs")
+
+
 def test_a_state_type_without_a_spec_is_refused_by_name(model_dir):
     args = _seed_kv_args("qwen3-next")
-    args.state_types = ["qsa_pending"]
-    with pytest.raises(F.RefusedModel, match="SGLang registered 'qsa_pending' state buffers; "
-                                             "pdc's SGLang specs carry mamba slot state and "
-                                             "DSA indexer keys only so far"):
+    args.state_types = ["swa_ring"]
+    with pytest.raises(F.RefusedModel, match="SGLang registered 'swa_ring' state buffers; "
+                                             "pdc's SGLang specs carry mamba slot state, DSA "
+                                             "indexer keys, QSA indexer state and "
+                                             "sliding-window pages only so far"):
         F.served_family(model_dir("Qwen3NextForCausalLM", **QWEN3_NEXT), args, 1, 0)
 
 
@@ -295,7 +315,8 @@ def test_a_deepseek_v2_of_another_latent_width_binds_the_mla_spec(model_dir):
 def test_the_negative_control_faults_read_another_page_or_slot(monkeypatch):
     from pdc.integrations.sglang import faults
 
-    monkeypatch.setattr(faults, "_PLANNED", {5: "wrong_page", 6: "wrong_slot"})
+    monkeypatch.setattr(faults, "_PLANNED", {5: "wrong_page", 6: "wrong_slot",
+                                             7: "wrong_window_page"})
     # the last chunk only; its first page read from the pool page before it
     assert faults.apply(5, [40, 41, 42], last=False) == [40, 41, 42]
     assert faults.apply(5, [40, 41, 42], last=True) == [39, 41, 42]
@@ -303,11 +324,17 @@ def test_the_negative_control_faults_read_another_page_or_slot(monkeypatch):
     assert faults.apply(6, [40, 41], last=True) == [40, 41]
     assert [faults.apply_slot(6, s) for s in (3, 0, -1)] == [2, 1, -1]
     assert faults.apply_slot(5, 3) == 3
+    # the sliding-window list's first SWA page (Note [SGLang SWA pools]); None: no window
+    assert [faults.apply_window(7, w) for w in ([4, 5], [0, 2], None)] == [[3, 5], [1, 2], None]
+    assert faults.apply_window(5, [4, 5]) == [4, 5]
+    monkeypatch.setattr(faults, "_PLANNED", {8: "wrong_ring"})  # the QSA ring's row only
+    assert (faults.apply_slot(8, 3, "wrong_ring"), faults.apply_slot(8, 3)) == (2, 3)
     monkeypatch.setenv(faults.ENV, "wrong_state@7")
     with pytest.raises(ValueError) as e:
         faults.planned()
     assert str(e.value) == ("PDC_SGLANG_FAULTS: 'wrong_state@7' is not KIND@ROOM with KIND one "
-                            "of page_out_of_range, extra_page, wrong_page, wrong_slot")
+                            "of page_out_of_range, extra_page, wrong_page, wrong_slot, "
+                            "wrong_ring, wrong_window_page")
 
 
 def test_decode_servers_are_named_by_advertised_address_and_port():
@@ -567,7 +594,7 @@ def test_indexshare_placeholders_are_refused_by_name(model_dir):
         f"pdc: DeepseekV32ForCausalLM ({path}) does not fit its spec: SGLang registered 0-row "
         "DSA indexer buffers for KVArgs entries [1] (IndexShare: layers that reuse the "
         "previous layer's top-k, `indexer_types` in the config); sglang-deepseek-v32's "
-        "index_k (specs/sglang-deepseek-v32.yaml:64:3) holds keys for every layer")
+        "index_k (specs/sglang-deepseek-v32.yaml:70:3) holds keys for every layer")
 
 
 def test_a_dsa_buffer_count_off_the_spec_is_refused_naming_both(model_dir):
@@ -577,8 +604,8 @@ def test_a_dsa_buffer_count_off_the_spec_is_refused_naming_both(model_dir):
     assert str(e.value) == (
         f"pdc: DeepseekV32ForCausalLM ({path}) does not fit its spec: SGLang registered 3 DSA "
         "indexer-key buffers, sglang-deepseek-v32's index_k "
-        "(specs/sglang-deepseek-v32.yaml:64:3) and draft_index_k "
-        "(specs/sglang-deepseek-v32.yaml:70:3) take 2 (2 target layers, 0 draft layers); "
+        "(specs/sglang-deepseek-v32.yaml:70:3) and draft_index_k "
+        "(specs/sglang-deepseek-v32.yaml:76:3) take 2 (2 target layers, 0 draft layers); "
         "hint: the target's come first, then the MTP draft pool's "
         "(disaggregation/utils.py setup_state_kv_args)")
 
@@ -590,7 +617,8 @@ def test_the_dsa_kpool_tail_is_refused_by_name(model_dir):
     assert str(e.value) == (
         f"pdc: DeepseekV32ForCausalLM ({path}) does not fit its spec: SGLang registered "
         "'dsa_tail' state buffers (the DSA indexer's kpool-compress tail, index_kpool > 1); "
-        "pdc's SGLang specs carry mamba slot state and DSA indexer keys only so far")
+        "pdc's SGLang specs carry mamba slot state, DSA indexer keys, QSA indexer state and "
+        "sliding-window pages only so far")
 
 
 def test_sglangs_dsa_page_list_must_be_the_requests_pages():
@@ -604,3 +632,34 @@ def test_sglangs_dsa_page_list_must_be_the_requests_pages():
         "SGLang's DSA indexer pages [0, 1, 2, 3, 4, 5, 6, 7]... (10 pages) are not the "
         "request's KV pages [1, 2, 3, 4, 5, 6, 7, 8]... (10 pages): pdc moves the indexer "
         "keys with the KV pages")
+
+
+def test_the_swa_spec_is_checked_against_sglangs_window_and_layer_split():
+    # Note [SGLang SWA pools]: the window SGLang reads from the config, and its layer split
+    # (given here; at start SGLang's own get_hybrid_layer_ids, tested inside SGLang's env)
+    from pdc.generated.sglang_swa.layout import LAYOUT
+    from pdc.integrations.sglang import swa
+
+    assert swa.sglang_window({"sliding_window": 32}) == ("sliding_window", 32)
+    assert swa.sglang_window({"sliding_window_size": 16, "sliding_window": 32}) == \
+        ("sliding_window_size", 16)
+    assert swa.sglang_window({"text_config": {"window_size": 8}}) == ("window_size", 8)
+    assert swa.sglang_window({}) is None
+    swa.check_served(LAYOUT, {"sliding_window": 32}, split=([2, 0], [1, 3]))  # fits
+    with pytest.raises(F.RefusedModel) as e:
+        swa.check_served(LAYOUT, {"sliding_window": 32}, split=([1, 3], [0, 2]))
+    assert str(e.value) == (
+        "pdc: sglang-swa (specs/sglang-swa.yaml) holds sliding-window layers [0, 2] (swa_kv) "
+        "and full-attention layers [1, 3], but SGLang splits the served model into sliding "
+        "[1, 3] and full [0, 2] (configs/model_config.py get_hybrid_layer_ids); hint: bind "
+        "the layer kinds to the config's layer_types (`layers: {from: config.layer_types, "
+        "names: ...}`)")
+    with pytest.raises(F.RefusedModel) as e:
+        swa.check_served(LAYOUT, {"window_size": 64}, split=([0, 2], [1, 3]))
+    assert str(e.value) == (
+        "pdc: sglang-swa's swa_kv (specs/sglang-swa.yaml:53:3) moves the pages of the last 32 "
+        "tokens, but SGLang's sliding window is 64 tokens (config.json window_size), the "
+        "window whose SWA pages it sends; hint: bind the component's window to "
+        "config.window_size")
+    assert swa.window_pages([np.array([3]), np.array([4, 7])], ["mamba", "swa"]) == [4, 7]
+    assert swa.window_pages([np.array([3])], ["mamba"]) is None

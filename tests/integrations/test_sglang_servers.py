@@ -4,11 +4,14 @@
 Needs the SGLang environment of scripts/install-sglang.sh (CI builds it); skipped with that
 reason when it is absent. Lean on purpose (CI budget): one tiny random-weight Llama, one plain
 server for the reference tokens (stopped before the pairs start), one PD pair per engine
-shared by every test of that engine.
+shared by every test of that engine. The Mooncake pair's prefill sends per layer and sends
+its cached prefix early (Note [SGLang per-layer sends]); the NIXL pair's does neither, the
+negative control of the per-layer check.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 import threading
@@ -57,12 +60,25 @@ def reference(model, workdir):
     return [r.tokens for r in results]
 
 
+# Note [SGLang per-layer sends]: on for the Mooncake pair, off (the default) for NIXL's
+LAYERWISE = {"mooncake": {"PDC_SGLANG_LAYER_SEND": "1", "PDC_SGLANG_CACHED_SEND": "1"},
+             "nixl": {}}
+
+
 @pytest.fixture(scope="module", params=["mooncake", "nixl"])
 def pair(request, model, workdir, reference):
     p = H.PDPair.start(PYTHON, model, workdir, engine=request.param,
-                       prefill_env={"PDC_SGLANG_FAULTS": FAULTS})
+                       prefill_env={"PDC_SGLANG_FAULTS": FAULTS, "PDC_TRANSFER_LOG": "1",
+                                    **LAYERWISE[request.param]})
     yield p
     p.stop()
+
+
+def _prefill_records(pair: H.PDPair) -> list[dict]:
+    """The prefill server's transfer log (knob transfer_log): one record per request."""
+    with open(pair.prefill.log) as f:
+        lines = [line[line.index('{"'):] for line in f if '"event": "kv_transfer"' in line]
+    return [json.loads(line) for line in lines]
 
 
 def _direct(pair: H.PDPair, prompt: list[int], room: int, timeout_s: float = 120.0):
@@ -90,6 +106,20 @@ def test_pd_pair_is_token_identical_to_a_plain_server(pair, reference):
                   if r.tokens != ref]
     assert mismatched == []
     assert all(len(r.tokens) == NEW_TOKENS for r in results)
+
+
+def test_prefix_hits_keep_the_tokens_and_layers_leave_during_the_forward(pair, reference):
+    """The prompts again: prefill's radix cache now holds them (whole pages, the last one
+    recomputed: Note [SGLang swapped pages]), chunked over up to 5 forwards, 4 in flight."""
+    results = H.run_prompts(pair.router.url, PROMPTS, NEW_TOKENS, in_flight=4)
+    assert [(r.error, r.tokens) for r in results] == [("", t) for t in reference]
+    records = [r for r in _prefill_records(pair) if r["ok"]]
+    assert records
+    early = sum(r["layer_batches"] for r in records)
+    if "-mooncake-" in pair.prefill.name:
+        assert early > 0  # a layer's pages were written before that forward ended
+    else:
+        assert early == 0
 
 
 @pytest.mark.parametrize("room, reason", [

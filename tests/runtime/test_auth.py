@@ -15,10 +15,10 @@ from pdc.runtime.control import (
     BootstrapServer,
     ControlError,
     HostSettings,
-    Hub,
     bootstrap_call,
     fetch_table,
 )
+from pdc.runtime.hub import Hub
 
 SECRET = "correct horse battery staple 0123"
 

@@ -102,6 +102,27 @@ def test_a_draft_band_binds_to_the_layout_the_compiler_computes(py_name, draft, 
                                             else ((16,), "float32"))
 
 
+@pytest.mark.parametrize("flag", [None, False, True])
+def test_a_present_component_follows_the_configs_flag(flag):
+    # Note [Present components]: SGLang's DSA top-k seed row, there only where the config
+    # sets index_share_for_mtp_iteration (a JSON bool binds as 0 or 1)
+    family = Family.load("sglang_deepseek_v32")
+    config = dict(DEEPSEEK[0], index_head_dim=128, index_topk=2048)
+    if flag is not None:
+        config["index_share_for_mtp_iteration"] = flag
+    bound = family.bind(config, {"page_size": 64, "kv_dtype": "bfloat16"})
+    assert dataclasses.replace(bound.layout, bound="") == _compiled(family, bound.bound)
+    seed = bound.layout.component("aux_dsa_topk")
+    assert (seed.stages, seed.item_bytes) == ("last" if flag else "none", 2048 * 4)
+    side = "tp=1,pp=1,dp=1,page_size=64"
+    plan = bound.plan_for(side, side, "mooncake")
+    entries = dict((n, e) for n, e, _ in plan.registration("prefill", RankId(0, 0)).components)
+    assert entries["aux_dsa_topk"] == ((("data", 0xFFFFFFF8),) if flag else ())
+    assert bound.fingerprint != family.bind(
+        dict(config, index_share_for_mtp_iteration=not flag),
+        {"page_size": 64, "kv_dtype": "bfloat16"}).fingerprint
+
+
 def test_llama_sizes_follow_the_config():
     family = Family.load("vllm_llama")
     big = family.bind(LLAMA[1], {"page_size": 16, "kv_dtype": "float16"})

@@ -7,7 +7,8 @@ import socket
 import pytest
 import zmq
 from pdc.runtime import bringup, knobs
-from pdc.runtime.control import BootstrapServer, ControlError, HostSettings, Hub, bootstrap_call
+from pdc.runtime.control import BootstrapServer, ControlError, HostSettings, bootstrap_call
+from pdc.runtime.hub import Hub
 
 
 @pytest.fixture(autouse=True)

@@ -91,3 +91,46 @@ def test_ring_state_needs_a_ring_slot_on_both_sides():
         component_pairs(layout, chunk, target, page)
     assert str(e.value).startswith("component '")
     assert "needs a ring slot on both sides (prefill -1, decode 2)" in str(e.value)
+
+
+def test_a_window_that_reaches_into_decodes_prefix_starts_after_it():
+    # Note [Window pages]: 60 tokens, window 32, pages of 16: the window's pages are 1..3;
+    # decode holds 2 pages (32 tokens), so with `on_prefix_hit: skip` the lists hold 2..3
+    from pdc.runtime.indices import window_first_page, window_pairs
+
+    assert (window_first_page(60, 32, 16), window_first_page(60, 32, 16, 2),
+            window_first_page(60, 32, 16, 1), window_first_page(20, 32, 16)) == (1, 2, 1, 0)
+    chunk = PrefillChunk(2, np.array([6, 7], np.int64), True, 60,
+                         window_page_ids=np.array([1, 5], np.int64))
+    target = DecodeTarget(np.array([0, 0, 3, 4], np.int64), 32,
+                          window_page_ids=np.array([6, 2], np.int64))
+    src, dst = window_pairs(chunk, target, 32, 16, prefix_pages=2)
+    assert (src.tolist(), dst.tolist()) == ([1, 5], [6, 2])
+    with pytest.raises(IndexError_) as e:  # sent whole, the window has 3 pages
+        window_pairs(chunk, target, 32, 16)
+    assert str(e.value) == "window needs 3 pages, prefill sent 2, decode holds 2"
+
+
+def test_the_layout_says_whether_a_window_skips_decodes_prefix():
+    # sglang-swa's window skips the prefix's pages (SGLang's SWA radix cache keeps them);
+    # hf-mistral-sw's is sent whole, as every window was before `on_prefix_hit` applied to it
+    from pdc.generated.hf_mistral_sw.layout import LAYOUT as HF
+    from pdc.generated.sglang_swa.layout import LAYOUT as SWA
+    from pdc.runtime.datapath import component_pairs
+
+    assert (SWA.component("swa_kv").on_prefix_hit, HF.component("kv").on_prefix_hit) == \
+        ("skip", "send")
+    chunk = PrefillChunk(2, np.array([6, 7], np.int64), True, 60, aux_row=1,
+                         window_page_ids=np.array([1, 5], np.int64))
+    target = DecodeTarget(np.array([0, 0, 3, 4], np.int64), 32, aux_row=2,
+                          window_page_ids=np.array([6, 2], np.int64))
+    pairs = component_pairs(SWA, chunk, target, 16)
+    assert [x.tolist() for x in pairs["swa_kv"]] == [[1, 5], [6, 2]]
+    assert [x.tolist() for x in pairs["kv"]] == [[6, 7], [3, 4]]
+    # 18 tokens, window 7, pages of 4: pages 2..4, whatever decode's prefix of 3 pages holds
+    chunk = PrefillChunk(0, np.arange(5, dtype=np.int64), True, 18,
+                         window_page_ids=np.array([1, 2, 3], np.int64))
+    target = DecodeTarget(np.arange(5, dtype=np.int64), 12,
+                          window_page_ids=np.array([5, 6, 7], np.int64))
+    assert [x.tolist() for x in component_pairs(HF, chunk, target, 4)["kv"]] == \
+        [[1, 2, 3], [5, 6, 7]]

@@ -16,8 +16,9 @@ import pytest
 import zmq
 from pdc.runtime import knobs
 from pdc.runtime import wire as W
-from pdc.runtime.control import BootstrapServer, Hub
+from pdc.runtime.control import BootstrapServer
 from pdc.runtime.endpoints import REG_ROOM, Faults, KVPoll, PageState
+from pdc.runtime.hub import Hub
 
 from .failure_tools import R0, Family, Gate, Pair, fill, send_all, tight_knobs, values, wait_for
 
@@ -514,7 +515,7 @@ def test_hostile_messages_are_refused_with_reasons(small_messages_pair, fam):
 
 def test_a_reply_flood_does_not_stall_the_control_thread(pair, fam):
     """Thousands of bad messages, each answered: the hub must neither block on its own
-    outbox nor starve its timers, and real requests go on."""
+    replies nor starve its timers, and real requests go on."""
     c = _client(pair.pre.hub.address)
     for _ in range(5000):
         c.send(b"x")
@@ -527,8 +528,8 @@ def test_a_reply_flood_does_not_stall_the_control_thread(pair, fam):
 
 
 def test_hub_sends_from_its_own_thread_never_block(fam):
-    """A handler answering on the hub thread writes to the socket directly: 20000 answers
-    with an outbox of 1000 must not deadlock."""
+    """A handler answering on the hub thread never blocks on a full socket: 20000 answers
+    with a queue depth of 1000 must not deadlock."""
     knobs.override(control_queue_depth=1000)
     got = []
 

@@ -13,7 +13,8 @@ import time
 
 import pytest
 from pdc.runtime import knobs
-from pdc.runtime.control import BootstrapServer, ControlError, HostSettings, Hub, fetch_table
+from pdc.runtime.control import BootstrapServer, ControlError, HostSettings, fetch_table
+from pdc.runtime.hub import Hub
 
 
 def _has_ipv6_loopback() -> bool:

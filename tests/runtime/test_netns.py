@@ -95,7 +95,8 @@ _FIRST_ZMQ_INSIDE = """
 import sys, threading
 from pdc.netns import Hosts, inside
 from pdc.runtime import knobs
-from pdc.runtime.control import BootstrapServer, HostSettings, Hub, bootstrap_call, fetch_table
+from pdc.runtime.control import BootstrapServer, HostSettings, bootstrap_call, fetch_table
+from pdc.runtime.hub import Hub
 knobs.override(control_secret="s" * 32)
 with Hosts(1, tag=sys.argv[1]) as hosts:
     host = hosts.hosts[0]

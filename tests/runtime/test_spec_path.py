@@ -112,8 +112,8 @@ def test_an_architecture_found_nowhere_names_every_place(folder, tmp_path):
         f"pdc has no spec for architecture FalconForCausalLM served by sglang; looked in: "
         f"{folder} (sglang specs for GPTNeoXForCausalLM); {missing} (not a folder); pdc's "
         f"package (sglang specs for DeepseekV2ForCausalLM, DeepseekV32ForCausalLM, "
-        f"DeepseekV3ForCausalLM, GlmMoeDsaForCausalLM, LlamaForCausalLM, Qwen3ForCausalLM, "
-        f"Qwen3NextForCausalLM)")
+        f"DeepseekV3ForCausalLM, GlmMoeDsaForCausalLM, GptOssForCausalLM, LlamaForCausalLM, "
+        f"Qwen3ForCausalLM, Qwen3NextForCausalLM, Qwen4ExpForConditionalGeneration)")
 
 
 def test_the_package_serves_what_its_specs_say():
@@ -125,4 +125,5 @@ def test_the_package_serves_what_its_specs_say():
     assert served[("sglang", "DeepseekV3ForCausalLM")] == "sglang-deepseek-mla"
     assert served[("sglang", "DeepseekV32ForCausalLM")] == "sglang-deepseek-v32"
     assert served[("sglang", "GlmMoeDsaForCausalLM")] == "sglang-deepseek-v32"
+    assert served[("sglang", "GptOssForCausalLM")] == "sglang-swa"
     assert served[("transformers", "DeepseekV2ForCausalLM")] == "hf-deepseek-v3"

@@ -64,12 +64,15 @@ def _pool(layers: int, dsa: bool = True):
 class Scheduler:
     """One SGLang scheduler's transfer state: its pools, KVArgs, pdc's manager."""
 
-    def __init__(self, mode, model: str, bootstrap_port: int, draft: bool, dsa: bool = True):
+    def __init__(self, mode, model: str, bootstrap_port: int, draft: bool, dsa: bool = True,
+                 topk_seed: int = 0):
         self.target = _pool(2, dsa)
         self.draft = _pool(1, dsa) if draft else None
+        # topk_seed: the DSA top-k seed's width, scheduler.py's get_dsa_seed_metadata_dim
         self.meta = MetadataBuffers(ROWS, hidden_size=HIDDEN if draft else 16,
                                     hidden_states_dtype=torch.float32,
-                                    max_sampling_mask_tokens=16)
+                                    max_sampling_mask_tokens=16,
+                                    output_dsa_topk_indices_dim=topk_seed)
         args = KVArgs()
         args.engine_rank = 0
         args.kv_data_ptrs, args.kv_data_lens, args.kv_item_lens = \
@@ -111,44 +114,55 @@ class Scheduler:
         return out
 
 
-def _model(tmp, arch: str, draft: bool, dsa: bool = True) -> str:
-    model = tmp / f"{arch}-{int(draft)}-{int(dsa)}"
+def _model(tmp, arch: str, draft: bool, dsa: bool = True, **extra) -> str:
+    model = tmp / f"{arch}-{int(draft)}-{int(dsa)}{''.join(extra)}"
     model.mkdir()
     config = dict(TINY_MODELS["deepseek-mla"][2], architectures=[arch],
-                  **(DSA if dsa else {}))
+                  **(DSA if dsa else {}), **extra)
     if draft:
         config["num_nextn_predict_layers"] = 1
     (model / "config.json").write_text(json.dumps(config))
     return str(model)
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["dsa", "dsa-mtp"])
+SEED = 8  # index_topk + index_kpool - 1: the DSA top-k seed's width
+
+
+@pytest.fixture(scope="module", params=["dsa", "dsa-mtp", "dsa-seed"])
 def pair(request, tmp_path_factory):
+    """"dsa-seed": GLM-5.2's IndexShare (index_share_for_mtp_iteration), whose metadata row
+    SGLang extends with the DSA top-k seed (docs/sglang.md "DSA top-k seed")."""
+    draft, seed = request.param == "dsa-mtp", request.param == "dsa-seed"
     saved = {k: os.environ.get(k) for k in ENV}
     os.environ.update(ENV)
     real_layout = C.parallel_layout
     C.parallel_layout = lambda server_args: server_args.layout  # SGLang's ParallelContext
     knobs.override(transfer_timeout_s=4.0, prefill_room_timeout_s=8.0)
     tmp = tmp_path_factory.mktemp("dsa")
-    model = _model(tmp, "DeepseekV32ForCausalLM", request.param)
+    model = _model(tmp, "DeepseekV32ForCausalLM", draft,
+                   **({"index_share_for_mtp_iteration": True} if seed else {}))
     port = free_port()
     table = C.PdcKVBootstrapServer("127.0.0.1", port)
     made = []
     try:
-        prefill = Scheduler(DisaggregationMode.PREFILL, model, port, request.param)
+        prefill = Scheduler(DisaggregationMode.PREFILL, model, port, draft,
+                            topk_seed=SEED * seed)
         made.append(prefill)
-        decode = Scheduler(DisaggregationMode.DECODE, model, port, request.param)
+        decode = Scheduler(DisaggregationMode.DECODE, model, port, draft, topk_seed=SEED * seed)
         made.append(decode)
         gen = torch.Generator().manual_seed(5)
         for _, buf in prefill.pages():
             buf.copy_(torch.randint(0, 256, buf.shape, generator=gen, dtype=torch.uint8))
+        if seed:  # token positions of the target's top-k, a row per request
+            prefill.meta.output_dsa_topk_indices.copy_(torch.randint(
+                0, 1 << 20, (ROWS, SEED), generator=gen, dtype=torch.int32))
         addr = f"127.0.0.1:{port}"
         deadline = time.monotonic() + 60
         while not decode.mgr.try_ensure_parallel_info(addr):
             assert time.monotonic() < deadline, "decode endpoint never opened"
         assert decode.mgr.endpoint_errors == {}
         yield SimpleNamespace(prefill=prefill, decode=decode, addr=addr, model=model,
-                              port=port, draft=request.param, gen=gen, tmp=tmp)
+                              port=port, draft=draft, seed=seed, gen=gen, tmp=tmp)
     finally:
         knobs.reset()
         C.parallel_layout = real_layout
@@ -174,7 +188,7 @@ def _wait(*handles, timeout_s=30.0):
         time.sleep(0.01)
 
 
-def transfer(p, room: int, src, dst, prefill_dsa=None, decode_dsa=None):
+def transfer(p, room: int, src, dst, prefill_dsa=None, decode_dsa=None, prefill_row=1):
     """One request as SGLang's schedulers run it: decode's metadata with its DSA pages
     (`_dsa_pages_payload`: its own pages), prefill's pages in two chunks, its DSA pages (its
     own unless given) with the last. Returns (receiver, sender) states and errors."""
@@ -187,8 +201,8 @@ def transfer(p, room: int, src, dst, prefill_dsa=None, decode_dsa=None):
     rv.send_metadata(dst, aux_index=2, state_indices=[list(decode_dsa or dst)])
     while tx.poll() == KVPoll.Bootstrapping and time.monotonic() < deadline:
         time.sleep(0.01)
-    p.prefill.meta.bootstrap_room[1].fill_(room)
-    tx.init(len(src), aux_index=1)
+    p.prefill.meta.bootstrap_room[prefill_row].fill_(room)
+    tx.init(len(src), aux_index=prefill_row)
     tx.send(src[:1], num_kv_tokens=PAGE)
     tx.send(src[1:], state_indices=[list(prefill_dsa or src)],
             num_kv_tokens=(len(src) - 1) * PAGE)
@@ -226,6 +240,10 @@ def test_latent_and_indexer_pages_move_byte_for_byte(pair):
     for (name, b), was in zip(pair.decode.pages(), before, strict=True):
         assert torch.equal(b[keep], was[keep]), name  # nothing else moved
     assert int(pair.decode.meta.bootstrap_room[2][0]) == 9_000_001
+    if pair.seed:  # the top-k seed row, byte for byte, and no other row
+        seeds = pair.decode.meta.output_dsa_topk_indices
+        assert torch.equal(seeds[2], pair.prefill.meta.output_dsa_topk_indices[1])
+        assert bool((seeds[[r for r in range(ROWS) if r not in (2, 4)]] == -1).all())
 
 
 def test_past_decodes_cached_prefix_only_the_suffix_pages_move(pair):
@@ -309,8 +327,48 @@ def test_the_v32_spec_against_a_plain_mla_pool_is_refused_naming_both(pair):
         Scheduler(DisaggregationMode.PREFILL, pair.model, pair.port, pair.draft, dsa=False)
     assert str(e.value) == (
         f"pdc: DeepseekV32ForCausalLM ({pair.model}) does not fit its spec: "
-        "sglang-deepseek-v32's index_k (specs/sglang-deepseek-v32.yaml:64:3) holds the DSA "
+        "sglang-deepseek-v32's index_k (specs/sglang-deepseek-v32.yaml:70:3) holds the DSA "
         "indexer keys of 2 layers, but SGLang registered no DSA indexer-key buffers (its KV "
         "pool is not a DSATokenToKVPool: SGLang serves a model as DSA only when its "
         "config.json sets index_topk, configs/model_config.py is_deepseek_dsa); hint: serve "
         "a model without index_topk with specs/sglang-deepseek-mla.yaml")
+
+
+def test_a_seed_row_read_from_another_request_is_detected(pair):
+    # Negative control of the seed check: prefill's metadata row of another request (row 3,
+    # its room rewritten, so that only the seed tells) reaches decode's row
+    if not pair.seed:  # no flag in the config: SGLang's metadata row has no seed field
+        assert pair.decode.meta.output_dsa_topk_indices is None
+        assert pair.decode.mgr.family.layout.component("aux_dsa_topk").stages == "none"
+        return
+    src, dst = [2, 4], [5, 3]
+    assert transfer(pair, 9_000_006, src, dst, prefill_row=3)[0] == \
+        [KVPoll.Success, KVPoll.Success]
+    seeds, sent = pair.decode.meta.output_dsa_topk_indices, pair.prefill.meta
+    assert not torch.equal(seeds[2], sent.output_dsa_topk_indices[1])
+    assert torch.equal(seeds[2], sent.output_dsa_topk_indices[3])
+
+
+FIELDS = ("output_ids, cached_tokens, output_token_logprobs_val, output_token_logprobs_idx, "
+          "output_top_logprobs_val, output_top_logprobs_idx, output_topk_p, output_topk_index, "
+          "output_hidden_states, ")
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_a_seed_field_and_a_config_that_disagree_are_refused(pair, flag):
+    # the config's flag binds aux_dsa_topk (Note [Present components]); SGLang's metadata row
+    # has the field or not on its own (here: the opposite)
+    model = _model(pair.tmp, "GlmMoeDsaForCausalLM", pair.draft,
+                   **({"index_share_for_mtp_iteration": flag} if flag else {}))
+    with pytest.raises(RefusedModel) as e:
+        Scheduler(DisaggregationMode.PREFILL, model, pair.port, pair.draft,
+                  topk_seed=0 if flag else SEED)
+    got, declared = (10, 11) if flag else (11, 10)
+    seed = "output_dsa_topk_indices, " if flag else ""
+    assert str(e.value) == (
+        f"pdc: GlmMoeDsaForCausalLM ({model}) does not fit its spec: SGLang registered {got} "
+        f"aux buffers, sglang-deepseek-v32 declares {declared} ({FIELDS}{seed}bootstrap_room); "
+        "SGLang adds 3 for SGLANG_ENABLE_DISAGG_SAMPLING_MASK and 1 for "
+        "--disaggregation-enable-kv-checksum, which pdc's specs do not carry, and 1 for the "
+        "DSA top-k seed where a DSA model's config sets index_share_for_mtp_iteration; hint: "
+        "turn off the first two (docs/sglang.md \"DSA top-k seed\")")
