@@ -36,6 +36,7 @@ import os
 import select
 import threading
 import uuid
+from typing import cast
 
 import zmq
 
@@ -43,6 +44,16 @@ from . import auth, knobs
 from .control import HostSettings, _bind_random, _key, enable_ipv6, peer_address
 
 _POLL_MS = 20  # the hub's longest sleep: on_tick runs at least this often
+
+
+def _events(s: zmq.Socket) -> int:
+    """The socket's zmq.EVENTS bits (an int option; pyzmq types every option int | bytes)."""
+    return cast(int, s.getsockopt(zmq.EVENTS))
+
+
+def _fd(s: zmq.Socket) -> int:
+    """The socket's notification file descriptor (zmq.FD)."""
+    return cast(int, s.getsockopt(zmq.FD))
 
 
 class Hub:
@@ -127,7 +138,7 @@ class Hub:
         """Note [Sends from the caller's thread]: the send may have taken the edge of a message
         that arrived meanwhile; if one waits, wake the hub thread. Caller holds `_io`."""
         try:
-            if s.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            if _events(s) & zmq.POLLIN:
                 self._wake()  # from the hub thread too: it is about to sleep
         except zmq.ZMQError:
             pass
@@ -195,15 +206,16 @@ class Hub:
     def _from_peer(self, identity: bytes, frame: zmq.Frame, out: list) -> None:
         """A frame at the ROUTER: authenticated (or not required), then to the handler."""
         payload = frame.bytes
+        router = cast(zmq.Socket, self._router)  # frames at the ROUTER come from it
         if self._server_auth is None:
             if auth.is_auth_frame(payload) and payload[len(auth.MAGIC)] == auth.HELLO:
-                self._send(self._router, identity, auth.refuse_frame(auth.NO_SECRET))
+                self._send(router, identity, auth.refuse_frame(auth.NO_SECRET))
                 return
             out.append((self.handler, identity, payload))
             return
         opened, answer = self._server_auth.on_frame(identity, payload, peer_address(frame))
         if answer is not None:
-            self._send(self._router, identity, answer)
+            self._send(router, identity, answer)
         if opened is not None:
             out.append((self.handler, identity, opened))
 
@@ -255,7 +267,7 @@ class Hub:
         more = False
         if self._router is not None:
             for _ in range(limit):
-                if not self._router.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                if not _events(self._router) & zmq.POLLIN:
                     break
                 try:
                     frames = self._router.recv_multipart(zmq.NOBLOCK, copy=False)
@@ -268,7 +280,7 @@ class Hub:
         for name, s in list(self._dealers.items()):
             for _ in range(limit):
                 try:
-                    if not s.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    if not _events(s) & zmq.POLLIN:
                         break
                     payload = s.recv(zmq.NOBLOCK)
                 except zmq.ZMQError:
@@ -287,7 +299,7 @@ class Hub:
         if self._router is not None:
             socks.append(self._router)
         for s in socks:
-            poller.register(s.getsockopt(zmq.FD), select.POLLIN)
+            poller.register(_fd(s), select.POLLIN)
         for s in self._retired:
             s.close(0)
         self._retired.clear()

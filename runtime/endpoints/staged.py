@@ -210,7 +210,9 @@ class PrefillStaging(PrefillHost):
                 self._write_piece(r, t, slot, piece)
 
     def _write_piece(self, r: _Room, t: _Target, slot: int, piece) -> None:
-        st, ring = t.staged, t.staged.ring
+        st = t.staged
+        assert st is not None and st.ring is not None  # only a ring's pieces are written here
+        ring = st.ring
         if st.local is None:
             self._reserve_gather_buffer(st)
         at = slot * ring.slot_bytes
@@ -237,7 +239,7 @@ class PrefillStaging(PrefillHost):
         for t in r.targets.values():
             ring = t.staged.ring if t.staged is not None else None
             got = ring.writing.pop(id(batch), None) if ring is not None else None
-            if got is None:
+            if ring is None or got is None:
                 continue
             slot, p = got
             assert r.generation is not None  # set by the TransferRequest of the target
@@ -263,7 +265,7 @@ class PrefillStaging(PrefillHost):
             r = self.rooms.get(msg.room)
             t = r.targets.get(msg.decode_rank) if r is not None else None
             ring = t.staged.ring if t is not None and t.staged is not None else None
-            if r is None or r.generation != msg.generation or ring is None:
+            if r is None or t is None or r.generation != msg.generation or ring is None:
                 return  # the use ended (the last pieces' slots come back after Success)
             if t.identity != identity or msg.slot not in ring.filled:
                 self.counters["stale_ring_messages"] += 1  # only a slot decode holds comes back
