@@ -65,9 +65,13 @@ def register() -> None:
 
     HookRegistry.register("sglang.srt.disaggregation.utils.get_kv_class", around_get_kv_class,
                           HookType.AROUND)
-    from .layerwise import register_hooks
+    from pdc.runtime import knobs
 
-    register_hooks()  # Note [SGLang per-layer sends]
+    if knobs.get("sglang_layer_send") or knobs.get("sglang_cached_send"):
+        # only then: a hook on every attention layer's forward costs every server a call
+        from .layerwise import register_hooks
+
+        register_hooks()  # Note [SGLang per-layer sends]
 
 
 def _cpu_fixes() -> None:

@@ -250,6 +250,8 @@ def drain_swapped(mgr) -> None:
 
 
 def register_hooks() -> None:
+    """Called by the plugin's register() only in a process whose knobs turn a lever on: the
+    attention hook would otherwise cost every server a call per layer and forward."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     HookRegistry.register(RUN_BATCH, around_run_batch, HookType.AROUND)

@@ -143,10 +143,13 @@ def test_client_disconnect_mid_transfer_leaks_no_pages(pair, reference):
     # Fresh 300-token prompts (five chunked-prefill chunks, nothing cached), the client hanging
     # up at several points of the prefill forward and its transfer.
     fresh = H.mixed_prompts(2, seed=99)[1]
+    errors = []
     for i, after_s in enumerate((0.0, 0.1, 0.3, 0.6)):
         prompt = [(t + i) % 509 + 3 for t in fresh]
-        cut = H.generate(pair.router.url, prompt, 200, disconnect_after_s=after_s)
-        assert cut.error == "disconnected by the client"
+        errors.append(H.generate(pair.router.url, prompt, 200, disconnect_after_s=after_s).error)
+    # on an idle box the later cuts may come after the 200 tokens did: a whole answer, no cut
+    assert errors[:2] == ["disconnected by the client"] * 2, errors
+    assert set(errors[2:]) <= {"disconnected by the client", ""}, errors
     # Both sides free every page once the aborted requests drained (SGLang's own idle
     # self-check also fails the scheduler on a leak); prefill's radix cache is flushed first.
     deadline = time.monotonic() + 60
