@@ -24,16 +24,14 @@ from __future__ import annotations
 
 from pdc.runtime.layout_types import FamilyLayout
 
-from .regions import RefusedModel, Region, state_entry
+from .regions import RefusedModel, Region, layout_component, state_entry
 
 DSA_INDEX = ("index_k", "draft_index_k")  # the target's, the draft's: Note [SGLang DSA indexer keys]
 WHERE = "state type 'dsa': a DSATokenToKVPool's indexer keys"
 
 
 def _component(layout: FamilyLayout | None, name: str):
-    if layout is None:
-        return None
-    return next((c for c in layout.components if c.name == name and c.index == "page"), None)
+    return layout_component(layout, name, "page")
 
 
 def dsa_buffers_of(kv_args, i: int, layout: FamilyLayout | None, locate

@@ -33,7 +33,7 @@ from __future__ import annotations
 from pdc.runtime.layout_types import FamilyLayout
 
 from .dsa import dsa_pages, page_list_error
-from .regions import RefusedModel, Region, state_entry
+from .regions import RefusedModel, Region, layout_component, state_entry
 
 QSA_TYPES = ("qsa_pending", "qsa_compressed")
 ROPE_LAYER_ID = (1 << 32) - 2  # SGLang's QSA_ROPE_STATE_LAYER_ID (mem_cache/qsa_kv_pool.py)
@@ -46,10 +46,7 @@ HINT = "serve a model with the QSA indexer (indexer_n_heads in its config) with 
 
 
 def _component(layout: FamilyLayout | None, name: str):
-    if layout is None:
-        return None
-    return next((c for c in layout.components if c.name == name and c.index == INDEX[name]),
-                None)
+    return layout_component(layout, name, INDEX[name])
 
 
 def qsa_buffers_of(kv_args, i: int, kind: str, layout: FamilyLayout | None, locate

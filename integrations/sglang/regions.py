@@ -39,6 +39,15 @@ def mamba_slot(state_indices, state_types=None) -> int:
     return next((int(e[0]) for e in entries if e is not None and len(e)), -1)
 
 
+
+def layout_component(layout, name: str, index: str):
+    """The layout's component `name` when it is indexed by `index`, else (or without a
+    layout) None: how the state mappings find the spec's side of a state type."""
+    if layout is None:
+        return None
+    return next((c for c in layout.components if c.name == name and c.index == index), None)
+
+
 # SGLang state types pdc refuses, and what they hold
 UNCARRIED_STATE = {
     "dsa_tail": "the DSA indexer's kpool-compress tail, index_kpool > 1",
