@@ -36,14 +36,18 @@ def main() -> int:
     ap.add_argument("--arena", type=int, default=16 << 20, help="small arena, bytes")
     ap.add_argument("--slots", type=int, default=4)
     ap.add_argument("--slot-bytes", type=int, default=4 << 20)
-    ap.add_argument("--cuda", action="store_true", help="pools on cuda:0 / cuda:1")
+    ap.add_argument("--cuda", action="store_true",
+                    help="pools on cuda:0 / cuda:1 (both on cuda:0 with one GPU)")
     args = ap.parse_args()
     if args.small:
         args.tokens, args.reps, args.arena, args.slot_bytes = 64, 1, 2 << 20, 1 << 20
-    devices = ("cuda:0", "cuda:1") if args.cuda else ("cpu", "cpu")
-    if args.cuda and torch.cuda.device_count() < 2:
-        print("needs two GPUs", file=sys.stderr)
-        return 2
+    devices = ("cpu", "cpu")
+    if args.cuda:
+        if not torch.cuda.is_available():
+            print("--cuda needs a CUDA device", file=sys.stderr)
+            return 2
+        # one GPU: both sides on it (the local engine's copies stay inside its memory)
+        devices = ("cuda:0", "cuda:1" if torch.cuda.device_count() > 1 else "cuda:0")
     layout, plan = C.llama_plan(2, 1)
     region = 1344 * 1024 * 1024 * args.tokens // 8192  # one link's whole region (BENCHMARKS (g))
     big = max(512 << 20, 2 * region)
