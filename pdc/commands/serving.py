@@ -4,6 +4,7 @@ harnesses are in pdc/serving/)."""
 from __future__ import annotations
 
 import argparse
+import functools
 
 from .common import (
     MAX_DEMO_CONCURRENCY,
@@ -22,6 +23,20 @@ from .common import (
 MAX_DEMO_REPEAT = 20
 # Attention-DP groups of `pdc sglang-demo --dp`: one rank (a scheduler process) each per server
 MAX_SGLANG_DP = 8
+
+
+def _knob_rows(texts: list[str]) -> tuple[list[dict], tuple[str, str] | None]:
+    """--pdc-knobs values as environments (Note [Knob rows]), or (message, hint)."""
+    from pdc.serving.knob_rows import knob_env
+
+    rows = []
+    for text in texts:
+        try:
+            rows.append(knob_env(text))
+        except ValueError as e:
+            return [], (f"--pdc-knobs {e}",
+                        "give NAME=VALUE pairs of docs/knobs.md, comma-separated")
+    return rows, None
 
 
 @command(
@@ -54,6 +69,9 @@ MAX_SGLANG_DP = 8
     arg("--prefix-caching", default="auto", choices=["auto", "on", "off"],
         help="vLLM's prefix caching on the prefill and decode engines (default: auto, on "
              "except for a hybrid family; 'on' runs a hybrid in mamba_cache_mode 'align')"),
+    arg("--pdc-knobs", action="append", default=[], metavar="NAME=VALUE[,...]",
+        help="with --compare or --repeat: one more pdc row whose engines run with these "
+             "runtime knobs (docs/knobs.md); repeat the flag for more rows"),
     arg("--tie-tolerance", type=float, default=None, metavar="NATS",
         help="compare logprobs instead of tokens: each within NATS of the reference's, a "
              "differing token only at a near tie (default: 0.25 for a hybrid family, 0, "
@@ -94,6 +112,9 @@ def cmd_vllm_demo(args: argparse.Namespace) -> int:
     if bad is None and tol is not None and not 0.0 <= tol <= 10.0:  # also refuses nan
         bad = (f"--tie-tolerance {tol} is not a logprob gap",
                "give a value from 0 (identity) to 10")
+    knob_rows, bad = _knob_rows(args.pdc_knobs) if bad is None else ([], bad)
+    if bad is None and knob_rows and not (args.compare or args.repeat > 1):
+        bad = ("--pdc-knobs adds rows to a comparison", "add --compare (or --repeat N)")
     if bad:
         return usage_error("vllm-demo", *bad, False)
     family = spec_family(args.spec, "vllm-demo")
@@ -102,7 +123,7 @@ def cmd_vllm_demo(args: argparse.Namespace) -> int:
     return run_demo(family, args.engine, args.prompts, args.tokens, args.seed, keep=args.keep,
                     compare=args.compare, in_flight=args.in_flight, repeat=args.repeat,
                     timeline=args.timeline, prefill_engines=args.prefill_engines,
-                    comparison=run_comparison,
+                    comparison=functools.partial(run_comparison, knob_rows=tuple(knob_rows)),
                     decode_engines=args.decode_engines,
                     kill_prefill_after=args.kill_prefill_after,
                     tie_tolerance=args.tie_tolerance, prefix_caching=args.prefix_caching)
@@ -136,6 +157,9 @@ def cmd_vllm_demo(args: argparse.Namespace) -> int:
     arg("--spec-decode", action="store_true",
         help="speculative decoding, the draft state from prefill: EAGLE with a tiny draft "
              "(llama, qwen3) or MTP (deepseek-mla); needs CUDA"),
+    arg("--pdc-knobs", action="append", default=[], metavar="NAME=VALUE[,...]",
+        help="one more pdc row whose servers run with these runtime knobs (docs/knobs.md), "
+             "interleaved with the others; repeat the flag for more rows"),
 )
 def cmd_sglang_demo(args: argparse.Namespace) -> int:
     """Real SGLang prefill and decode servers with pdc's transfer backend, checked token by token.
@@ -146,7 +170,8 @@ def cmd_sglang_demo(args: argparse.Namespace) -> int:
     sends N prompts of mixed lengths (several 64-token chunks, 16-token pages, 4 in flight),
     checks every generated token against the plain server and prints prompts ok/failed, MB
     moved, transfer ms and TTFT p50/p99. `--compare` adds SGLang's own mooncake backend on the
-    same settings, side by side. `--family qwen3` serves a tiny dense Qwen3 instead of the
+    same settings and one plain server alone, with each PD backend's TTFT overhead over it;
+    `--pdc-knobs` adds pdc rows with other runtime knobs. `--family qwen3` serves a tiny dense Qwen3 instead of the
     tiny Llama, `qwen3-next` a hybrid Gated DeltaNet model (slot state), `deepseek-mla` an MLA
     model (latent pool). `--dp N` runs N attention-DP groups on every server, the plain one
     too; `--spec-decode` speculates on both PD servers (a tiny EAGLE draft, or DeepSeek's MTP
@@ -166,6 +191,9 @@ def cmd_sglang_demo(args: argparse.Namespace) -> int:
                           ("--dp", args.dp, 1, MAX_SGLANG_DP)))
     if bad:
         return usage_error("sglang-demo", *bad, False)
+    knob_rows, bad = _knob_rows(args.pdc_knobs)
+    if bad:
+        return usage_error("sglang-demo", *bad, False)
     from pdc.serving.sglang_variants import Refusal, cuda_machine, plan_variant
 
     variant = plan_variant(args.family, args.dp, args.spec_decode, cuda_machine())
@@ -174,4 +202,4 @@ def cmd_sglang_demo(args: argparse.Namespace) -> int:
         return 1
     return run_demo(args.prompts, args.engine, args.compare, args.in_flight, args.tokens,
                     args.seed, args.keep_logs, family=args.family, repeat=args.repeat,
-                    timeline=args.timeline, variant=variant)
+                    timeline=args.timeline, variant=variant, knob_rows=tuple(knob_rows))

@@ -5,7 +5,9 @@ then a prefill and a decode server with `--disaggregation-transfer-backend pdc` 
 router, sends N prompts of mixed lengths (several chunked-prefill chunks, 16-token pages,
 `--in-flight` at once), checks every generated token against the reference and prints
 prompts ok/failed, MB moved, transfer ms and TTFT p50/p99. `--compare` runs the same prompts
-through SGLang's own `mooncake` backend on the same settings and prints both side by side.
+through SGLang's own `mooncake` backend on the same settings and through one plain server
+alone, and prints each PD backend's TTFT overhead over that server. `--pdc-knobs` adds pdc rows
+with other runtime knobs (Note [Knob rows]).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from ..console import Counter, print_table, wrap
 from . import sglang_harness as H
 from . import sglang_variants as V
+from .knob_rows import knob_label
 
 
 @dataclass
@@ -59,26 +62,60 @@ def _waiting(text: str) -> None:
     print(f"pdc sglang-demo: {text}", file=sys.stderr, flush=True)
 
 
+ONE_ENGINE = "one engine"
+
+def run_alone(python: str, model: str, workdir: str, prompts: list[list[int]],
+              reference: list[list[int]], new_tokens: int, in_flight: int, rep: int,
+              variant: V.Variant, env: dict) -> Row:
+    """The prompts through one plain server (no router): the TTFT a PD backend adds to."""
+    logs = os.path.join(workdir, f"rep{rep}-one-engine")
+    os.makedirs(logs, exist_ok=True)
+    _waiting("starting one plain server alone ...")
+    plain = H.start_plain(python, model, logs, extra_args=variant.plain_args, tp=variant.tp,
+                          progress=_waiting, extra_env=env)
+    try:
+        progress, on_done = _progress(ONE_ENGINE, len(prompts))
+        t0 = time.monotonic()
+        try:
+            results = H.run_prompts(plain.url, prompts, new_tokens, in_flight, on_done=on_done)
+        finally:
+            progress.close()
+        wall = time.monotonic() - t0
+    finally:
+        plain.stop()
+    ok = [r for r in results if not r.error]
+    mismatched = [r.prompt for r in ok if r.tokens != reference[r.prompt]]
+    ttfts = [r.ttft_s * 1e3 for r in ok]
+    return Row(ONE_ENGINE, "-", len(ok) - len(mismatched),
+               len(results) - len(ok) + len(mismatched), len(mismatched), 0.0, 0, 0.0,
+               _percentile(ttfts, 0.5), _percentile(ttfts, 0.99), wall,
+               [f"prompt {r.prompt}: {r.error}" for r in results if r.error] +
+               [f"prompt {i}: tokens differ from the first plain server" for i in mismatched],
+               rep, logs)
+
+
 def run_pair(python: str, model: str, workdir: str, backend: str, engine: str,
              prompts: list[list[int]], reference: list[list[int]], new_tokens: int,
              in_flight: int, rep: int = 0, server_args: tuple[str, ...] = (), tp: int = 1,
-             env: dict | None = None) -> Row:
-    """`tp` ranks per server (`--dp` runs one per attention-DP group), `env` for both."""
-    label = f"{backend}/{engine}"
-    print(f"pdc sglang-demo: starting prefill + decode ({label}) and the router ...",
+             env: dict | None = None, label: str = "") -> Row:
+    """`tp` ranks per server (`--dp` runs one per attention-DP group), `env` for both;
+    `label` names the row (default: the backend)."""
+    label = label or backend
+    print(f"pdc sglang-demo: starting prefill + decode ({label}/{engine}) and the router ...",
           file=sys.stderr)
-    logs = os.path.join(workdir, f"rep{rep}-{backend}-{engine}")
+    logs = os.path.join(workdir, f"rep{rep}-{label}-{engine}".replace("[", "-").replace(
+        "]", "").replace(",", "-").replace("=", "-"))
     os.makedirs(logs, exist_ok=True)
     t_start = time.monotonic()
     pair = H.PDPair.start(python, model, logs, backend=backend, engine=engine,
                           server_args=server_args, progress=_waiting, prefill_tp=tp,
                           decode_tp=tp, prefill_env=env, decode_env=env)
-    _waiting(f"{label}: the pair and the router answered after "
+    _waiting(f"{label}/{engine}: the pair and the router answered after "
              f"{time.monotonic() - t_start:.0f} s")
     try:
         before = H.metrics(pair.prefill.url)
         t0 = time.monotonic()
-        progress, on_done = _progress(label, len(prompts))
+        progress, on_done = _progress(f"{label}/{engine}", len(prompts))
         try:
             results = H.run_prompts(pair.router.url, prompts, new_tokens, in_flight,
                                     on_done=on_done)
@@ -97,7 +134,7 @@ def run_pair(python: str, model: str, workdir: str, backend: str, engine: str,
     mismatched = [r.prompt for r in ok if r.tokens != reference[r.prompt]]
     count = delta("sglang:kv_transfer_latency_ms_count")
     ttfts = [r.ttft_s * 1e3 for r in ok]
-    return Row(backend, engine, len(ok) - len(mismatched), len(results) - len(ok) +
+    return Row(label, engine, len(ok) - len(mismatched), len(results) - len(ok) +
                len(mismatched), len(mismatched), delta("sglang:kv_transfer_total_mb_sum"),
                int(count), delta("sglang:kv_transfer_latency_ms_sum") / count if count else 0.0,
                _percentile(ttfts, 0.5), _percentile(ttfts, 0.99), wall,
@@ -133,16 +170,20 @@ def print_rows(rows: list[Row], n: int, in_flight: int, out=None, load: str = ""
         f"pdc sglang-demo: {n} prompts, {in_flight} in flight, tokens checked against a "
         "plain SGLang server (transfer ms: mean per request, from SGLang's "
         f"sglang:kv_transfer_latency_ms){load}"))
-    if reps:
+    if reps or any(r.backend == ONE_ENGINE for r in rows):
         med = {}
         for r in rows:
             med.setdefault((r.backend, r.engine), []).append(r)
-        print_table(("backend", "engine", "runs", "TTFT p50 ms", "TTFT p99 ms"),
-                    [(b, e, str(len(rs)),
-                      f"{statistics.median(r.ttft_p50_ms for r in rs):.0f}",
-                      f"{statistics.median(r.ttft_p99_ms for r in rs):.0f}")
-                     for (b, e), rs in med.items()], out, right=range(2, 5),
-                    title="median over repetitions")
+        p50 = {k: statistics.median(r.ttft_p50_ms for r in rs) for k, rs in med.items()}
+        p99 = {k: statistics.median(r.ttft_p99_ms for r in rs) for k, rs in med.items()}
+        one = (ONE_ENGINE, "-")
+        print_table(("backend", "engine", "runs", "TTFT p50 ms", "TTFT p99 ms",
+                     "over one engine p50 / p99 ms"),
+                    [(b, e, str(len(rs)), f"{p50[b, e]:.0f}", f"{p99[b, e]:.0f}",
+                      f"{p50[b, e] - p50[one]:+.0f} / {p99[b, e] - p99[one]:+.0f}"
+                      if one in med and b != ONE_ENGINE else "-")
+                     for (b, e), rs in med.items()], out, right=range(2, 6),
+                    title=f"median over {len({r.rep for r in rows})} repetition(s)")
     for r in rows:
         for e in r.errors[:10]:
             print(wrap(f"  FAILED {r.backend}/{r.engine} {e}", indent="    "), file=out)
@@ -150,10 +191,12 @@ def print_rows(rows: list[Row], n: int, in_flight: int, out=None, load: str = ""
 
 def run_demo(prompts: int, engine: str, compare: bool, in_flight: int, new_tokens: int,
              seed: int, keep: bool, family: str = "llama", repeat: int = 1,
-             timeline: bool = False, variant: V.Variant | None = None) -> int:
+             timeline: bool = False, variant: V.Variant | None = None,
+             knob_rows: tuple[dict, ...] = ()) -> int:
     """`repeat` runs every backend that many times, each repetition in another order;
     `timeline` has pdc log its transfers and prints their phases (pdc/serving/timeline.py);
-    `variant` the servers' DP attention and speculation (Note [Demo variants])."""
+    `variant` the servers' DP attention and speculation (Note [Demo variants]); `knob_rows`
+    one more pdc row per environment of knobs (Note [Knob rows])."""
     variant = variant if variant is not None else V.plan_variant(family)
     assert isinstance(variant, V.Variant), variant
     env = dict(variant.env)
@@ -196,29 +239,39 @@ def run_demo(prompts: int, engine: str, compare: bool, in_flight: int, new_token
                   f"{bad[0].error}", file=sys.stderr)
             return 1
         reference = [r.tokens for r in ref]
-        backends = [("pdc", engine)] + ([("mooncake", "mooncake")] if compare else [])
+        # (label, backend, engine, extra environment); None: the plain server alone
+        backends = [("pdc", "pdc", engine, {})] + [
+            (knob_label(k), "pdc", engine, k) for k in knob_rows] + (
+            [("mooncake", "mooncake", "mooncake", {}), (ONE_ENGINE, None, "-", {})]
+            if compare else [])
         load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
         rows = []
         for rep in range(repeat):
             k = rep % len(backends)
-            for backend, eng in backends[k:] + backends[:k]:  # interleaved repetitions
+            for label, backend, eng, extra in backends[k:] + backends[:k]:  # interleaved
+                if backend is None:
+                    rows.append(run_alone(python, model, workdir, batch, reference,
+                                          new_tokens, in_flight, rep, variant, env))
+                    continue
                 rows.append(run_pair(python, model, workdir, backend, eng, batch, reference,
                                      new_tokens, in_flight, rep, variant.pd_args, variant.tp,
-                                     env))
+                                     {**env, **extra}, label))
         after = ", ".join(f"{x:.2f}" for x in os.getloadavg())
         if variant.dp > 1:
             for r in rows:
-                if r.backend == "pdc":
+                if r.backend.startswith("pdc"):
                     _waiting(f"{r.backend}/{r.engine}: {dp_groups(r.logs, variant.dp)}")
         print_rows(rows, prompts, in_flight,
                    load=f"; load average {load} before, {after} after")
         if timeline:
             from .timeline import print_summary, read_runs, summarize
 
-            phases = summarize(read_runs([r.logs for r in rows if r.backend == "pdc"]))
-            if phases:
-                print_summary(phases, sys.stdout, f"pdc timeline ({engine}; the first token "
-                              "is the client's TTFT above: SGLang's router picks the rooms)")
+            for label in dict.fromkeys(r.backend for r in rows if r.backend.startswith("pdc")):
+                phases = summarize(read_runs([r.logs for r in rows if r.backend == label]))
+                if phases:
+                    print_summary(phases, sys.stdout, f"{label} timeline ({engine}; the first "
+                                  "token is the client's TTFT above: SGLang's router picks "
+                                  "the rooms)")
         failed = [r for r in rows if r.failed]
         keep = keep or bool(failed)
         return 0 if not failed else 1

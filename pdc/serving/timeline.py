@@ -22,7 +22,9 @@ from pathlib import Path
 
 # (name, start stamp, end stamp, what it is). Stamps: d.* decode's record, p.* prefill's,
 # m.* marks; `ready` = max(p.requested, p.forward_done): prefill holds both the request and
-# the KV. A phase is left out of a request that lacks either stamp.
+# the KV; `sent` = max(ready, p.first_write): with chunked prefill the first chunk's writes
+# leave while later chunks compute, and that part of the writes costs the request nothing. A
+# phase is left out of a request that lacks either stamp.
 PHASES = (
     ("hand-over", "p.forward_done", "d.arrived",
      "prefill's forward done -> the request reaches decode (proxy or router; negative when "
@@ -32,10 +34,12 @@ PHASES = (
     ("ask", "d.requested", "p.requested", "decode asks -> prefill has the request"),
     ("wait forward", "p.requested", "ready",
      "prefill has the request -> its forward is done too (0 when it was done before)"),
-    ("submit", "ready", "p.first_write",
-     "both there -> first write submitted (negative when earlier chunks left before the last "
-     "one was computed: chunked prefill)"),
-    ("transfer", "p.first_write", "p.done", "first write submitted -> last write done"),
+    ("submit", "ready", "sent",
+     "both there -> first write submitted (0 when earlier chunks' writes left before the "
+     "last chunk was computed: chunked prefill)"),
+    ("transfer", "sent", "p.done",
+     "the later of both there and first write -> last write done: the writes' time that "
+     "the forward did not hide"),
     ("tell decode", "p.done", "d.done", "last write done -> decode's endpoint has Success"),
     ("engine sees", "d.done", "m.seen", "decode's endpoint -> its engine polls the Success"),
     ("first token", "m.seen", "m.first_token", "the engine saw it -> first token out"),
@@ -58,6 +62,9 @@ class Request:
         if name == "ready":
             req, fwd = self.stamps.get("p.requested"), self.stamps.get("p.forward_done")
             return None if req is None else max(req, fwd or req)
+        if name == "sent":
+            ready, first = self.at("ready"), self.stamps.get("p.first_write")
+            return None if ready is None or first is None else max(ready, first)
         return self.stamps.get(name)
 
     def phase_ms(self, start: str, end: str) -> float | None:

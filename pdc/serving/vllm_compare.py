@@ -7,7 +7,9 @@ Each backend runs the same model, prompts, engine settings and core binding (pre
 - `vLLM NixlConnector`, `vLLM MooncakeConnector` (TCP): vLLM's own connectors, with the CPU
   fixes of Note [vLLM's own connectors];
 - `one engine`: a single vLLM engine serving the prompts itself, the floor the others are
-  measured against ("over one engine" = TTFT minus this row's, p50 and p99).
+  measured against ("over one engine" = TTFT minus this row's, p50 and p99);
+- `pdc[knob=value] (ENGINE)`: PdcConnector with other runtime knobs (Note [Knob rows] in
+  pdc/serving/knob_rows.py), from `--pdc-knobs`.
 
 Every backend starts fresh engines in its own log folder; `--repeat N` runs them N times,
 each repetition in another order (rotated), so that a load that comes and goes on the host
@@ -37,6 +39,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .knob_rows import knob_label
 from .vllm_demo import DemoError, Engine, Flow, print_timeline, run_alone, run_pd
 
 BACKENDS = ("pdc", "nixl", "mooncake", "alone")
@@ -76,13 +79,15 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 def label(backend: str, engine_name: str) -> str:
-    return f"pdc ({engine_name})" if backend == "pdc" else LABELS[backend]
+    return f"{backend} ({engine_name})" if backend.startswith("pdc") else LABELS[backend]
 
 
 def run_backend(python: str, work: Path, model: str, family: str, engine_name: str,
                 backend: str, rep: int, prompts: list[list[int]], ref: list[list[int]],
-                max_tokens: int, in_flight: int) -> Run:
-    logs = work / f"rep{rep}-{backend}"
+                max_tokens: int, in_flight: int, knobs_env: dict | None = None) -> Run:
+    """`knobs_env`: a pdc row's runtime knobs, for both of its engines."""
+    logs = work / ("rep%d-%s" % (rep, "".join(c if c.isalnum() or c in "_-" else "-"
+                                               for c in backend)))
     logs.mkdir()
     run = Run(backend, rep, logs)
     engines: list[Engine] = []
@@ -105,12 +110,14 @@ def run_backend(python: str, work: Path, model: str, family: str, engine_name: s
                            "VLLM_HOST_IP": "127.0.0.1"}
                 dec_env = dict(pre_env, VLLM_MOONCAKE_BOOTSTRAP_PORT=str(_free_port()))
                 flow = Flow(f"pdc-demo-prefill-{rep}", f"http://127.0.0.1:{port}", f"r{rep}")
+            connector = "pdc" if backend.startswith("pdc") else backend
+            pre_env, dec_env = {**pre_env, **(knobs_env or {})}, {**dec_env, **(knobs_env or {})}
             pre = Engine(python, logs, "prefill", model, family, engine_name, core=0,
-                         connector=backend, env=pre_env, engine_id=flow.mooncake_engine_id)
+                         connector=connector, env=pre_env, engine_id=flow.mooncake_engine_id)
             engines.append(pre)
             pre.wait_up()
             dec = Engine(python, logs, "decode", model, family, engine_name, core=1,
-                         connector=backend, env=dec_env)
+                         connector=connector, env=dec_env)
             engines.append(dec)
             dec.wait_up()
             tokens, _, ttft, errors, _ = run_pd(pre, dec, prompts, max_tokens,
@@ -131,15 +138,17 @@ def run_backend(python: str, work: Path, model: str, family: str, engine_name: s
 
 def compare(python: str, work: Path, model: str, family: str, engine_name: str,
             prompts: list[list[int]], ref: list[list[int]], max_tokens: int, in_flight: int,
-            repeat: int, backends: tuple[str, ...], phase) -> list[Run]:
-    """Every backend `repeat` times, each repetition in another (rotated) order."""
+            repeat: int, backends: tuple[str, ...], phase,
+            knob_envs: dict | None = None) -> list[Run]:
+    """Every backend `repeat` times, each repetition in another (rotated) order;
+    `knob_envs`: the knobs of each pdc[...] backend."""
     runs = []
     for rep in range(repeat):
         order = backends[rep % len(backends):] + backends[:rep % len(backends)]
         for b in order:
             phase(f"repetition {rep + 1}/{repeat}: {label(b, engine_name)}")
             runs.append(run_backend(python, work, model, family, engine_name, b, rep, prompts,
-                                    ref, max_tokens, in_flight))
+                                    ref, max_tokens, in_flight, (knob_envs or {}).get(b)))
     return runs
 
 
@@ -200,19 +209,22 @@ def print_failures(runs: list[Run], engine_name: str, out=None) -> None:
 
 
 def run_comparison(python, work, model, family, engine_name, prompts, ref, max_tokens, in_flight,
-             repeat, with_others, timeline, phase, out) -> int:
+             repeat, with_others, timeline, phase, out, knob_rows: tuple[dict, ...] = ()) -> int:
+    """`knob_rows`: one more pdc backend per environment of knobs (Note [Knob rows])."""
     from ..console import wrap
 
-    backends = BACKENDS if with_others else ("pdc",)
+    knob_envs = {knob_label(k): k for k in knob_rows}
+    backends = ("pdc", *knob_envs, *BACKENDS[1:]) if with_others else ("pdc", *knob_envs)
     load_before = load_average()
     runs = compare(python, work, model, family, engine_name, prompts, ref, max_tokens,
-                     in_flight, repeat, backends, phase)
+                   in_flight, repeat, backends, phase, knob_envs)
     print_rows(rows_of(runs, engine_name, len(prompts)), out, wrap(
         f"pdc vllm-demo: {len(prompts)} prompts, {in_flight} in flight, {repeat} "
         f"repetition(s) interleaved; median over repetitions of each run's TTFT p50 / p99; "
         f"load average {load_before} before, {load_average()} after"))
     print_failures(runs, engine_name, out)
     if timeline:
-        print_timeline([r.logs for r in runs if r.backend == "pdc"], out,
-                        f"pdc timeline ({engine_name}, every repetition)")
+        for b in dict.fromkeys(r.backend for r in runs if r.backend.startswith("pdc")):
+            print_timeline([r.logs for r in runs if r.backend == b], out,
+                           f"{b} timeline ({engine_name}, every repetition)")
     return 0 if all(not r.errors for r in runs) else 1

@@ -345,9 +345,9 @@ def test_sglang_demo_table_of_repetitions_has_their_medians_and_the_load():
     assert "load average 0.50, 0.40, 0.30 before, 0.60, 0.50, 0.40 after" in text.replace(
         "\n  ", " ")
     assert text.splitlines()[-3:] == [
-        "  backend  engine    runs  TTFT p50 ms  TTFT p99 ms",
-        "  -------- --------- ----- ------------ -----------",
-        "  pdc      mooncake     3          120          300"]
+        "  backend  engine    runs  TTFT p50 ms  TTFT p99 ms  over one engine p50 / p99 ms",
+        "  -------- --------- ----- ------------ ------------ ----------------------------",
+        "  pdc      mooncake     3          120          300                             -"]
     fits(text)
 
 
@@ -411,6 +411,34 @@ def test_vllm_compare_table_is_medians_over_repetitions_and_overhead_over_one_en
     fits(out.getvalue())
 
 
+def test_vllm_compare_knob_rows_are_pdc_backends_with_their_knobs(tmp_path, monkeypatch):
+    from pdc.serving import vllm_compare as C
+
+    made = []
+
+    class FakeEngine:  # records how run_backend starts the engines; serves nothing
+        def __init__(self, python, logs, role, model, family, engine_name, core, connector="pdc",
+                     env=None, engine_id=None):
+            made.append((role, connector, env))
+
+        def wait_up(self):
+            pass
+
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(C, "Engine", FakeEngine)
+    monkeypatch.setattr(C, "run_pd", lambda *a, **k: ([[1]], None, [0.05], [""], None))
+    env = {"PDC_SWITCH_INTERVAL_US": "500"}
+    run = C.run_backend("python", tmp_path, "model", "fam", "mooncake",
+                        "pdc[switch_interval_us=500]", 0, [[5]], [[1]], 4, 1, env)
+    assert [(role, conn, e) for role, conn, e in made] == [
+        ("prefill", "pdc", env), ("decode", "pdc", env)]
+    assert (run.identical, run.ttft_ms, run.logs.name) == (1, [50.0],
+                                                            "rep0-pdc-switch_interval_us-500-")
+    assert C.label("pdc[switch_interval_us=500]", "nixl") == "pdc[switch_interval_us=500] (nixl)"
+
+
 def test_vllm_proxy_flows_of_the_connectors():
     from pdc.serving.vllm_demo import Flow
 
@@ -421,3 +449,45 @@ def test_vllm_proxy_flows_of_the_connectors():
     assert moon.to_decode(3, None) == {
         "do_remote_prefill": True, "remote_engine_id": "prefill-0",
         "remote_bootstrap_addr": "http://127.0.0.1:9000", "transfer_id": "r0t3"}
+
+
+def test_sglang_demo_medians_show_each_pd_backends_overhead_over_one_engine():
+    from pdc.serving.sglang_demo import ONE_ENGINE, Row, print_rows
+
+    rows = [Row(b, e, 8, 0, 0, 0.3, 8, 1.0, p50, p99, 1.0, [], rep)
+            for rep, (b, e, p50, p99) in enumerate((
+                ("pdc", "mooncake", 40, 90), ("mooncake", "mooncake", 38, 94),
+                (ONE_ENGINE, "-", 25, 60), ("pdc[inline_write_bytes=0]", "mooncake", 54, 83)))]
+    out = io.StringIO()
+    print_rows(rows, 8, 1, out)
+    assert out.getvalue().splitlines()[-7:] == [
+        "median over 4 repetition(s)",
+        "  backend                    engine    runs  TTFT p50 ms  TTFT p99 ms  over one engine "
+        "p50 / p99 ms",
+        "  -------------------------- --------- ----- ------------ ------------ "
+        "----------------------------",
+        "  pdc                        mooncake     1           40           90"
+        "                     +15 / +30",
+        "  mooncake                   mooncake     1           38           94"
+        "                     +13 / +34",
+        "  one engine                 -            1           25           60"
+        "                             -",
+        "  pdc[inline_write_bytes=0]  mooncake     1           54           83"
+        "                     +29 / +23"]
+    fits(out.getvalue())
+
+
+def test_sglang_demo_knob_rows_are_checked_against_the_runtime_knobs():
+    from pdc.serving.knob_rows import knob_env, knob_label
+
+    env = knob_env("inline_write_bytes=0, switch_interval_us=500")
+    assert env == {"PDC_INLINE_WRITE_BYTES": "0", "PDC_SWITCH_INTERVAL_US": "500"}
+    assert knob_label(env) == "pdc[inline_write_bytes=0,switch_interval_us=500]"
+    with pytest.raises(ValueError) as e:
+        knob_env("poll_sleep_s=fast")
+    assert str(e.value) == "'poll_sleep_s=fast': 'fast' is not a s value (default 0.0002)"
+    with pytest.raises(ValueError, match="^'nosuch=1' is not NAME=VALUE of a runtime knob; "
+                                         "known: abort_ack_timeout_s, "):
+        knob_env("nosuch=1")
+    with pytest.raises(ValueError, match="^' , ' names no knob$"):
+        knob_env(" , ")
