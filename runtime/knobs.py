@@ -48,16 +48,6 @@ KNOBS = {k.name: k for k in (
     Knob("poll_sleep_s", 0.0002, "s", "sleep of the transfer worker between polls of what "
          "cannot wake it: CUDA events of the forward, and in-flight writes of an engine "
          "that ends them only when polled (NIXL)"),
-    Knob("inline_write_bytes", 256 << 10, "bytes", "a Mooncake write of at most this many "
-         "bytes to a peer with nothing queued is made and waited for in the transfer "
-         "worker's thread instead of the peer's own thread: fewer GIL hand-offs while the "
-         "serving engine's scheduler spins (Note [Small writes inline] in "
-         "runtime/engines/mooncake.py); 0 sends every write through the peer's thread"),
-    Knob("switch_interval_us", 0, "us", "the serving engine process's Python switch "
-         "interval (sys.setswitchinterval) set by pdc's SGLang and vLLM integrations at "
-         "start: how long one of pdc's threads may wait for the GIL while the engine's "
-         "scheduler spins (Note [Switch interval] in runtime/threads.py); 0 leaves the "
-         "interpreter's own (5,000 us)"),
     Knob("worker_poll", 0, "0/1", "1: the transfer worker polls every poll_sleep_s while "
          "writes are in flight and every 10 x poll_sleep_s while idle, as before "
          "2026-12-03, instead of sleeping until work or a finished batch wakes it (Note "

@@ -63,7 +63,6 @@ from pdc.runtime.endpoints import DecodeEndpoint, PageState, PrefillEndpoint
 from pdc.runtime.engines import make_engine
 from pdc.runtime.engines.base import SharedRegistrations
 from pdc.runtime.plan_types import RankId
-from pdc.runtime.threads import apply_switch_interval
 from pdc.runtime.wire import KVPoll as PdcPoll
 from sglang.srt.disaggregation.base.conn import (
     BaseKVBootstrapServer,
@@ -147,7 +146,6 @@ class PdcKVManager(BaseKVManager):
         self.kv_args = args
         self.mode = disaggregation_mode
         self.server_args = server_args
-        apply_switch_interval()  # Note [Switch interval]: before pdc's threads start
         # An MLA pool registers one latent buffer per layer instead of K and V: the served
         # family's spec says which (Note [SGLang KV buffers] in family.py).
         self.is_mla = bool(is_mla_backend)

@@ -11,8 +11,6 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 
-from pdc.runtime.threads import apply_switch_interval
-
 from .metadata import PdcConnectorMetadata
 from .settings import check_parallel, parse_settings
 from .stats import PdcConnectorStats, PdcPromMetrics
@@ -28,7 +26,6 @@ class PdcConnector(KVConnectorBase_V1, SupportsHMA):
         cfg = vllm_config.kv_transfer_config
         self.settings = parse_settings(cfg.kv_role, cfg.kv_connector_extra_config)
         check_parallel(vllm_config)
-        apply_switch_interval()  # Note [Switch interval]: before pdc's threads start
         self.sched = self.worker = None
         if role == KVConnectorRole.SCHEDULER:
             from .scheduler import PdcScheduler

@@ -3,9 +3,9 @@
 Note [Knob rows]
 ~~~~~~~~~~~~~~~~
 A runtime knob's effect inside a serving engine is measured as its own row of the same run:
-`--pdc-knobs inline_write_bytes=0` adds a pdc backend whose servers get PDC_INLINE_WRITE_BYTES=0,
+`--pdc-knobs worker_poll=1` adds a pdc backend whose servers get PDC_WORKER_POLL=1,
 interleaved with the other backends across repetitions, so a before/after meets the same load
-and prompts. Its label carries the knobs ("pdc[inline_write_bytes=0]"); names and values are
+and prompts. Its label carries the knobs ("pdc[worker_poll=1]"); names and values are
 checked against runtime/knobs.py before any server starts.
 """
 

@@ -5,9 +5,8 @@ Traps handled here (measured on the 0.3.13.post1 non-cuda wheel, see docs/engine
   about one id reads freed memory and segfaults. Each sub-batch id is queried exactly once and
   the terminal state is cached on the `Batch`.
 - `get_batch_transfer_status` busy-spins in C++ until the batch ends. A per-peer worker thread
-  makes that call, so `submit_write` and `poll` never block on a large write; when nothing is
-  in flight the worker sleeps on a queue instead of spinning. A small write to an idle peer is
-  made and waited for in the caller's thread instead (Note [Small writes inline]).
+  makes that call, so `submit_write` and `poll` never block; when nothing is in flight the
+  worker sleeps on a queue instead of spinning.
 - The TCP transport rejects a batch when more than `MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER`
   (default 1024) transfers to one peer are queued. Requests are split into sub-batches of at
   most that many entries and each peer's worker keeps one sub-batch in flight at a time.
@@ -44,7 +43,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import knobs
 from .base import (
     Batch,
     BatchState,
@@ -66,10 +64,6 @@ if TYPE_CHECKING:  # imported when a device region is first checked (it needs ct
 DEFAULT_MAX_ENTRIES_PER_SUBMIT = 1024
 # How long close() waits for a worker stuck in a transfer before leaking the engine instead.
 CLOSE_JOIN_TIMEOUT_S = 5.0
-# Note [Small writes inline]: an inline write slower than this sends the peer's writes through
-# its worker thread for INLINE_BACKOFF_S, so a stalled peer blocks a caller once, not each time.
-INLINE_SLOW_S = 0.1
-INLINE_BACKOFF_S = 10.0
 _BAD_BATCH_IDS = (0, (1 << 64) - 1)  # 0: submit failed; -1 as uint64: openSegment failed
 _SESSION_RE = re.compile(r"^[0-9A-Za-z.\-\[\]:]+:\d{1,5}$")
 
@@ -132,18 +126,10 @@ class _PeerWorker:
         self._max_entries = max_entries
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._stopping = False
-        # Held while a sub-batch of this peer is in Mooncake (worker or inline caller): one at
-        # a time per peer, which keeps the TCP transport's per-peer queue under its limit.
-        self.gate = threading.Lock()
-        self.queued = 0  # jobs put and not finished yet (under `lock`)
-        self.lock = threading.Lock()
-        self.inline_after = 0.0  # monotonic time before which writes take the worker
         self.thread = threading.Thread(target=self._run, name=f"pdc-mooncake-{peer}", daemon=True)
         self.thread.start()
 
     def put(self, job: _Job) -> None:
-        with self.lock:
-            self.queued += 1
         self._jobs.put(job)
 
     def stop(self) -> None:
@@ -158,16 +144,11 @@ class _PeerWorker:
             if self._stopping:
                 self._finish(job, BatchState.FAILED, "engine closed before the batch started")
                 continue
-            with self.gate:
-                state, reason = self.transfer(job)
+            try:
+                state, reason = self._transfer(job)
+            except Exception as exc:  # noqa: BLE001 - a worker must never die silently
+                state, reason = BatchState.FAILED, f"{type(exc).__name__}: {exc}"
             self._finish(job, state, reason)
-
-    def transfer(self, job: _Job) -> tuple[BatchState, str]:
-        """Move one job, sub-batch by sub-batch (caller holds `gate`); never raises."""
-        try:
-            return self._transfer(job)
-        except Exception as exc:  # noqa: BLE001 - a worker must never die silently
-            return BatchState.FAILED, f"{type(exc).__name__}: {exc}"
 
     def _transfer(self, job: _Job) -> tuple[BatchState, str]:
         count = job.src.size
@@ -200,16 +181,8 @@ class _PeerWorker:
         # reason first: a poller that sees FAILED must also see why.
         job.batch.reason = reason
         job.batch.state = state
-        with self.lock:
-            self.queued -= 1
         job.finished.set()
         self._notify()
-
-    def finish_inline(self, job: _Job, state: BatchState, reason: str) -> None:
-        """End a job its caller moved (no wake-up: the caller is the one that polls next)."""
-        job.batch.reason = reason
-        job.batch.state = state
-        job.finished.set()
 
 
 class MooncakeEngine(TransferEngine):
@@ -313,8 +286,6 @@ class MooncakeEngine(TransferEngine):
         self._regions = RegionTable()
         self._workers: dict[str, _PeerWorker] = {}
         self._callbacks: list = []  # Note [Completion wake-up]
-        self._inline = 0  # inline writes in Mooncake now (close() waits for them)
-        self.inline_writes = 0  # writes made inline so far (Note [Small writes inline])
         self._lock = threading.Lock()
         self._closed = False
         self._transport: TransportInfo | None = None  # transport(): asked once
@@ -360,8 +331,7 @@ class MooncakeEngine(TransferEngine):
         """The protocol initialize() accepted, the wheel's SUPPORT_* flags and the location
         each registered region was given."""
         return {"transport": self._protocol, "device": self._device, **self._flags,
-                "locations": dict(sorted(self._locations.items())),
-                "inline_writes": self.inline_writes}
+                "locations": dict(sorted(self._locations.items()))}
 
     def deregister(self, addr: int) -> None:
         with self._lock:
@@ -398,23 +368,6 @@ class MooncakeEngine(TransferEngine):
 
     # -- transfers ----------------------------------------------------------------------------
 
-    # Note [Small writes inline]
-    # ~~~~~~~~~~~~~~~~~~~~~~~~~~
-    # Inside a serving engine the scheduler thread spins in Python while a transfer is pending
-    # (SGLang's prefill loop does, scheduler.py "spins on_idle without sleeping"), so every
-    # time one of pdc's threads waits for something and wants the GIL back, it waits up to
-    # the interpreter's switch interval (5 ms). A write through the peer worker needs three
-    # such hand-offs: the worker wakes for the job, the worker returns from Mooncake's status
-    # call, and the caller wakes for the completion; measured in SGLang at 1 in flight, a
-    # 14-30 descriptor request's write took 12.5 ms p50 there against 0.6 ms between two
-    # engines alone (BENCHMARKS.md (n)). A write of at most `inline_write_bytes` to a peer
-    # with nothing queued is therefore made and waited for in the caller's thread (the
-    # prefill transfer worker): one hand-off, when Mooncake's call returns. The peer's gate
-    # keeps one sub-batch per peer in Mooncake either way. Its cost: the caller blocks for
-    # the write, and for Mooncake's transfer timeout if the peer stalls mid-write; an inline
-    # write slower than INLINE_SLOW_S (or failed) sends that peer's writes through its worker
-    # for INLINE_BACKOFF_S, so a stalled peer blocks the caller once, not on every write.
-
     def submit_write(
         self, peer: str, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray
     ) -> Batch:
@@ -437,26 +390,7 @@ class MooncakeEngine(TransferEngine):
             )
             job = _Job(batch, src_u, dst_u, nbytes_u)
             batch.handles.append(job)
-            inline = (batch.nbytes <= knobs.get("inline_write_bytes")
-                      and src_u.size <= self._max_entries and worker.queued == 0
-                      and time.monotonic() >= worker.inline_after
-                      and worker.gate.acquire(blocking=False))
-            if not inline:
-                worker.put(job)
-                return batch
-            self._inline += 1
-        # Note [Small writes inline]
-        t0 = time.monotonic()
-        try:
-            state, reason = worker.transfer(job)
-        finally:
-            worker.gate.release()
-            with self._lock:
-                self._inline -= 1
-        if state is not BatchState.DONE or time.monotonic() - t0 > INLINE_SLOW_S:
-            worker.inline_after = time.monotonic() + INLINE_BACKOFF_S
-        self.inline_writes += 1
-        worker.finish_inline(job, state, reason)
+            worker.put(job)
         return batch
 
     def poll(self, batch: Batch) -> BatchState:
@@ -527,9 +461,6 @@ class MooncakeEngine(TransferEngine):
         for worker in workers:
             worker.thread.join(max(deadline - time.monotonic(), 0.0))
             stuck |= worker.thread.is_alive()
-        while self._inline and time.monotonic() < deadline:
-            time.sleep(0.001)  # a caller's inline write ends within Mooncake's timeout
-        stuck |= self._inline > 0
         if stuck:
             # A worker is still inside get_batch_transfer_status; freeing the engine under it
             # would crash. Leak it: the process is usually about to exit anyway.

@@ -429,14 +429,14 @@ def test_vllm_compare_knob_rows_are_pdc_backends_with_their_knobs(tmp_path, monk
 
     monkeypatch.setattr(C, "Engine", FakeEngine)
     monkeypatch.setattr(C, "run_pd", lambda *a, **k: ([[1]], None, [0.05], [""], None))
-    env = {"PDC_SWITCH_INTERVAL_US": "500"}
+    env = {"PDC_WORKER_POLL": "1"}
     run = C.run_backend("python", tmp_path, "model", "fam", "mooncake",
-                        "pdc[switch_interval_us=500]", 0, [[5]], [[1]], 4, 1, env)
+                        "pdc[worker_poll=1]", 0, [[5]], [[1]], 4, 1, env)
     assert [(role, conn, e) for role, conn, e in made] == [
         ("prefill", "pdc", env), ("decode", "pdc", env)]
     assert (run.identical, run.ttft_ms, run.logs.name) == (1, [50.0],
-                                                            "rep0-pdc-switch_interval_us-500-")
-    assert C.label("pdc[switch_interval_us=500]", "nixl") == "pdc[switch_interval_us=500] (nixl)"
+                                                            "rep0-pdc-worker_poll-1-")
+    assert C.label("pdc[worker_poll=1]", "nixl") == "pdc[worker_poll=1] (nixl)"
 
 
 def test_vllm_proxy_flows_of_the_connectors():
@@ -457,7 +457,7 @@ def test_sglang_demo_medians_show_each_pd_backends_overhead_over_one_engine():
     rows = [Row(b, e, 8, 0, 0, 0.3, 8, 1.0, p50, p99, 1.0, [], rep)
             for rep, (b, e, p50, p99) in enumerate((
                 ("pdc", "mooncake", 40, 90), ("mooncake", "mooncake", 38, 94),
-                (ONE_ENGINE, "-", 25, 60), ("pdc[inline_write_bytes=0]", "mooncake", 54, 83)))]
+                (ONE_ENGINE, "-", 25, 60), ("pdc[staging_ring_slots=0]", "mooncake", 54, 83)))]
     out = io.StringIO()
     print_rows(rows, 8, 1, out)
     assert out.getvalue().splitlines()[-7:] == [
@@ -472,7 +472,7 @@ def test_sglang_demo_medians_show_each_pd_backends_overhead_over_one_engine():
         "                     +13 / +34",
         "  one engine                 -            1           25           60"
         "                             -",
-        "  pdc[inline_write_bytes=0]  mooncake     1           54           83"
+        "  pdc[staging_ring_slots=0]  mooncake     1           54           83"
         "                     +29 / +23"]
     fits(out.getvalue())
 
@@ -480,9 +480,9 @@ def test_sglang_demo_medians_show_each_pd_backends_overhead_over_one_engine():
 def test_sglang_demo_knob_rows_are_checked_against_the_runtime_knobs():
     from pdc.serving.knob_rows import knob_env, knob_label
 
-    env = knob_env("inline_write_bytes=0, switch_interval_us=500")
-    assert env == {"PDC_INLINE_WRITE_BYTES": "0", "PDC_SWITCH_INTERVAL_US": "500"}
-    assert knob_label(env) == "pdc[inline_write_bytes=0,switch_interval_us=500]"
+    env = knob_env("worker_poll=1, poll_sleep_s=0.001")
+    assert env == {"PDC_WORKER_POLL": "1", "PDC_POLL_SLEEP_S": "0.001"}
+    assert knob_label(env) == "pdc[worker_poll=1,poll_sleep_s=0.001]"
     with pytest.raises(ValueError) as e:
         knob_env("poll_sleep_s=fast")
     assert str(e.value) == "'poll_sleep_s=fast': 'fast' is not a s value (default 0.0002)"
