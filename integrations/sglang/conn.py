@@ -63,6 +63,7 @@ from pdc.runtime.endpoints import DecodeEndpoint, PageState, PrefillEndpoint
 from pdc.runtime.engines import make_engine
 from pdc.runtime.engines.base import SharedRegistrations
 from pdc.runtime.plan_types import RankId
+from pdc.runtime.threads import thread
 from pdc.runtime.wire import KVPoll as PdcPoll
 from sglang.srt.disaggregation.base.conn import (
     BaseKVBootstrapServer,
@@ -191,8 +192,7 @@ class PdcKVManager(BaseKVManager):
             self.endpoint_error = ""
             port = int(server_args.disaggregation_bootstrap_port)
             self.bootstrap = f"tcp://{bootstrap_host()}:{port}"
-            threading.Thread(target=self._open_prefill, name="pdc-sglang-open",
-                             daemon=True).start()
+            thread(self._open_prefill, "pdc-sglang-open").start()
         else:
             self.endpoints: dict[str, DecodeEndpoint] = {}
             self.endpoint_errors: dict[str, str] = {}
@@ -253,8 +253,7 @@ class PdcKVManager(BaseKVManager):
             opened = self.opening.get(bootstrap_addr)
             if opened is None:
                 opened = self.opening[bootstrap_addr] = threading.Event()
-                threading.Thread(target=self._open_decode, args=(bootstrap_addr, opened),
-                                 name="pdc-sglang-open", daemon=True).start()
+                thread(self._open_decode, "pdc-sglang-open", (bootstrap_addr, opened)).start()
         return opened.wait(OPEN_WAIT_S)
 
     def _open_decode(self, bootstrap_addr: str, opened: threading.Event) -> None:
