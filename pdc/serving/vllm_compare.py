@@ -86,8 +86,8 @@ def run_backend(python: str, work: Path, model: str, family: str, engine_name: s
                 backend: str, rep: int, prompts: list[list[int]], ref: list[list[int]],
                 max_tokens: int, in_flight: int, knobs_env: dict | None = None) -> Run:
     """`knobs_env`: a pdc row's runtime knobs, for both of its engines."""
-    logs = work / ("rep%d-%s" % (rep, "".join(c if c.isalnum() or c in "_-" else "-"
-                                               for c in backend)))
+    safe = "".join(c if c.isalnum() or c in "_-" else "-" for c in backend)
+    logs = work / f"rep{rep}-{safe}"
     logs.mkdir()
     run = Run(backend, rep, logs)
     engines: list[Engine] = []

@@ -124,7 +124,17 @@ def request_bytes(bufs, pages, row) -> bytes:
     return b"".join(p.numpy().tobytes() for p in parts)
 
 
+def _dump_stacks_later() -> None:
+    """PDC_TEST_STACKS_AFTER_S=N: every thread's stack to stderr after N s (a hang's place)."""
+    after = float(os.environ.get("PDC_TEST_STACKS_AFTER_S", "0"))
+    if after > 0:
+        import faulthandler
+
+        faulthandler.dump_traceback_later(after, exit=False)
+
+
 def _prefill(conn, engine: str, tmp: str, metadata_device: str) -> None:
+    _dump_stacks_later()
     try:
         import time
 
@@ -176,6 +186,7 @@ def test_a_request_moves_between_two_processes_on_gpu_memory(engine, metadata_de
     from pdc.runtime.endpoints import DecodeEndpoint, KVPoll
     from pdc.runtime.plan_types import RankId
 
+    _dump_stacks_later()
     ctx = mp.get_context("spawn")
     a, b = ctx.Pipe()
     child = ctx.Process(target=_prefill, args=(b, engine, str(tmp_path / "p"),
