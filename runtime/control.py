@@ -21,7 +21,6 @@ import zmq
 
 from . import auth, knobs
 from .bringup import not_an_address, not_local, silent
-from .threads import thread
 
 LOOPBACK = "127.0.0.1"
 _WILDCARDS = ("0.0.0.0", "::", "*")
@@ -156,7 +155,7 @@ class BootstrapServer:
             self.address = _tcp(hosts.advertise, port)
         self._nonces = auth.BootstrapNonces(key, self.address) if key else None
         self._stop = threading.Event()
-        self._thread = thread(self._run, "pdc-bootstrap")
+        self._thread = threading.Thread(target=self._run, name="pdc-bootstrap", daemon=True)
         self._thread.start()
 
     def _answer(self, req: bytes, peer: str) -> bytes:

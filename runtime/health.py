@@ -23,7 +23,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from . import knobs
-from .threads import thread
 
 
 @dataclass(frozen=True)
@@ -115,7 +114,8 @@ class HealthServer:
         self._server = ThreadingHTTPServer((host, port), Handler)
         self._server.daemon_threads = True
         self.port = int(self._server.server_address[1])
-        self._thread = thread(self._server.serve_forever, "pdc-health")
+        self._thread = threading.Thread(target=self._server.serve_forever, name="pdc-health",
+                                        daemon=True)
         self._thread.start()
 
     def close(self) -> None:

@@ -42,7 +42,6 @@ import zmq
 
 from . import auth, knobs
 from .control import HostSettings, _bind_random, _key, enable_ipv6, peer_address
-from .threads import thread
 
 _POLL_MS = 20  # the hub's longest sleep: on_tick runs at least this often
 
@@ -104,7 +103,7 @@ class Hub:
             if self._key is not None:
                 self._server_auth = auth.ServerSessions(self._key, self.address)
         self._stop = threading.Event()
-        self._thread = thread(self._run, "pdc-hub")
+        self._thread = threading.Thread(target=self._run, name="pdc-hub", daemon=True)
         self._thread.start()
 
     def _configure(self, s: zmq.Socket) -> None:

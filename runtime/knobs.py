@@ -48,11 +48,6 @@ KNOBS = {k.name: k for k in (
     Knob("poll_sleep_s", 0.0002, "s", "sleep of the transfer worker between polls of what "
          "cannot wake it: CUDA events of the forward, and in-flight writes of an engine "
          "that ends them only when polled (NIXL)"),
-    Knob("thread_cpus", "all", "all/inherit/CPU list", "the CPUs pdc's threads (hub, "
-         "transfer worker, the engines' own) run on inside a serving engine's process: all = "
-         "every CPU the process's cpuset allows, inherit = the mask of the thread that starts "
-         "them (a CPU engine binds its own to its compute core), or a list like 2-3,6 (Note "
-         "[pdc threads' cores] in runtime/threads.py)"),
     Knob("worker_poll", 0, "0/1", "1: the transfer worker polls every poll_sleep_s while "
          "writes are in flight and every 10 x poll_sleep_s while idle, as before "
          "2026-12-03, instead of sleeping until work or a finished batch wakes it (Note "

@@ -63,7 +63,6 @@ from pdc.runtime.endpoints import DecodeEndpoint, PageState, PrefillEndpoint
 from pdc.runtime.engines import make_engine
 from pdc.runtime.engines.base import SharedRegistrations
 from pdc.runtime.plan_types import RankId
-from pdc.runtime.threads import thread
 from pdc.runtime.wire import KVPoll as PdcPoll
 from sglang.srt.disaggregation.base.conn import (
     BaseKVBootstrapServer,
@@ -192,7 +191,8 @@ class PdcKVManager(BaseKVManager):
             self.endpoint_error = ""
             port = int(server_args.disaggregation_bootstrap_port)
             self.bootstrap = f"tcp://{bootstrap_host()}:{port}"
-            thread(self._open_prefill, "pdc-sglang-open").start()
+            threading.Thread(target=self._open_prefill, name="pdc-sglang-open",
+                             daemon=True).start()
         else:
             self.endpoints: dict[str, DecodeEndpoint] = {}
             self.endpoint_errors: dict[str, str] = {}
@@ -253,7 +253,8 @@ class PdcKVManager(BaseKVManager):
             opened = self.opening.get(bootstrap_addr)
             if opened is None:
                 opened = self.opening[bootstrap_addr] = threading.Event()
-                thread(self._open_decode, "pdc-sglang-open", (bootstrap_addr, opened)).start()
+                threading.Thread(target=self._open_decode, args=(bootstrap_addr, opened),
+                                 name="pdc-sglang-open", daemon=True).start()
         return opened.wait(OPEN_WAIT_S)
 
     def _open_decode(self, bootstrap_addr: str, opened: threading.Event) -> None:

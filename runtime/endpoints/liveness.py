@@ -6,12 +6,12 @@ of both sides (Note [Peer liveness]); the mixins below act on what it finds.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import TYPE_CHECKING
 
 from .. import knobs
 from .. import wire as W
-from ..threads import thread
 from .common import (
     KVPoll,
     PageState,
@@ -114,4 +114,5 @@ class DecodeLiveness(DecodeHost):
                 not self._refreshing:
             self._last_refresh = now
             self._refreshing = True
-            thread(self._refresh, "pdc-decode-reconnect", (sorted(dead),)).start()
+            threading.Thread(target=self._refresh, args=(sorted(dead),), daemon=True,
+                             name="pdc-decode-reconnect").start()

@@ -21,7 +21,6 @@ from ..layout_types import FamilyLayout
 from ..metrics import RecordBuffer, TransferMetrics
 from ..plan_types import Plan, RankId
 from ..pools import RankPools
-from ..threads import thread
 from .common import (
     KVPoll,
     RequestStats,
@@ -106,7 +105,7 @@ class PrefillEndpoint(PrefillHandshake, PrefillControl, PrefillLiveness, Prefill
                                    "endpoint": self.hub.address,
                                    "expected": p.dp * p.pp * p.tp},
                        knobs.get("bootstrap_timeout_s"))
-        self.worker = thread(self._work, "pdc-prefill-worker")
+        self.worker = threading.Thread(target=self._work, name="pdc-prefill-worker", daemon=True)
         self.worker.start()
 
     def sender(self, room: int, generation: int | None = None,

@@ -60,11 +60,7 @@ def make_engine(name: str, **kwargs: object) -> TransferEngine:
     `device=` (None: host memory) selects a device class where there is one."""
     if name in DEVICE_ENGINES and kwargs.get("device", 0) is None:
         del kwargs["device"]  # the host class takes no device
-    cls = engine_class(name, kwargs.get("device"))
-    from ..threads import own_cores
-
-    with own_cores():  # the library's own threads start now (Note [pdc threads' cores])
-        return cls(**kwargs)
+    return engine_class(name, kwargs.get("device"))(**kwargs)
 
 
 __all__ = [

@@ -32,7 +32,6 @@ import threading
 import numpy as np
 
 from .. import descriptor_copy
-from ..threads import thread
 from .base import (
     Batch,
     BatchState,
@@ -212,8 +211,8 @@ class CudaIpcEngine(LocalDeviceEngine):
             self._callbacks.append(callback)
             if self._waiter is None:
                 self._ended = queue.SimpleQueue()
-                self._waiter = thread(self._wait_events, "pdc-cuda-ipc-completion",
-                                      (self._ended,))
+                self._waiter = threading.Thread(target=self._wait_events, args=(self._ended,),
+                                                name="pdc-cuda-ipc-completion", daemon=True)
                 self._waiter.start()
         return True
 

@@ -43,7 +43,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..threads import thread
 from .base import (
     Batch,
     BatchState,
@@ -127,7 +126,7 @@ class _PeerWorker:
         self._max_entries = max_entries
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._stopping = False
-        self.thread = thread(self._run, f"pdc-mooncake-{peer}")
+        self.thread = threading.Thread(target=self._run, name=f"pdc-mooncake-{peer}", daemon=True)
         self.thread.start()
 
     def put(self, job: _Job) -> None:
