@@ -36,3 +36,8 @@ def knob_env(text: str) -> dict[str, str]:
 
 def knob_label(env: dict[str, str]) -> str:
     return "pdc[" + ",".join(f"{k[4:].lower()}={v}" for k, v in env.items()) + "]"
+
+
+def folder_name(label: str) -> str:
+    """A row's label as a log folder's name ("pdc[a=1,b=2]" -> "pdc-a-1-b-2-")."""
+    return "".join(c if c.isalnum() or c in "_-" else "-" for c in label)

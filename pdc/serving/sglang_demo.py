@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from ..console import Counter, print_table, wrap
 from . import sglang_harness as H
 from . import sglang_variants as V
-from .knob_rows import knob_label
+from .knob_rows import folder_name, knob_label
 
 
 @dataclass
@@ -83,15 +83,7 @@ def run_alone(python: str, model: str, workdir: str, prompts: list[list[int]],
         wall = time.monotonic() - t0
     finally:
         plain.stop()
-    ok = [r for r in results if not r.error]
-    mismatched = [r.prompt for r in ok if r.tokens != reference[r.prompt]]
-    ttfts = [r.ttft_s * 1e3 for r in ok]
-    return Row(ONE_ENGINE, "-", len(ok) - len(mismatched),
-               len(results) - len(ok) + len(mismatched), len(mismatched), 0.0, 0, 0.0,
-               _percentile(ttfts, 0.5), _percentile(ttfts, 0.99), wall,
-               [f"prompt {r.prompt}: {r.error}" for r in results if r.error] +
-               [f"prompt {i}: tokens differ from the first plain server" for i in mismatched],
-               rep, logs)
+    return _row(ONE_ENGINE, "-", results, reference, wall, rep, logs, "the first plain server")
 
 
 def run_pair(python: str, model: str, workdir: str, backend: str, engine: str,
@@ -103,8 +95,7 @@ def run_pair(python: str, model: str, workdir: str, backend: str, engine: str,
     label = label or backend
     print(f"pdc sglang-demo: starting prefill + decode ({label}/{engine}) and the router ...",
           file=sys.stderr)
-    logs = os.path.join(workdir, f"rep{rep}-{label}-{engine}".replace("[", "-").replace(
-        "]", "").replace(",", "-").replace("=", "-"))
+    logs = os.path.join(workdir, f"rep{rep}-{folder_name(label)}-{engine}")
     os.makedirs(logs, exist_ok=True)
     t_start = time.monotonic()
     pair = H.PDPair.start(python, model, logs, backend=backend, engine=engine,
@@ -130,16 +121,24 @@ def run_pair(python: str, model: str, workdir: str, backend: str, engine: str,
     def delta(name: str) -> float:
         return H.metric_sum(after, name) - H.metric_sum(before, name)
 
+    count = delta("sglang:kv_transfer_latency_ms_count")
+    return _row(label, engine, results, reference, wall, rep, logs, "the plain server",
+                delta("sglang:kv_transfer_total_mb_sum"), int(count),
+                delta("sglang:kv_transfer_latency_ms_sum") / count if count else 0.0)
+
+
+def _row(label: str, engine: str, results, reference: list[list[int]], wall: float, rep: int,
+         logs: str, reference_name: str, mb: float = 0.0, transfers: int = 0,
+         transfer_ms: float = 0.0) -> Row:
+    """One run's row: prompts ok (token-identical), failed, TTFT p50 / p99, errors."""
     ok = [r for r in results if not r.error]
     mismatched = [r.prompt for r in ok if r.tokens != reference[r.prompt]]
-    count = delta("sglang:kv_transfer_latency_ms_count")
     ttfts = [r.ttft_s * 1e3 for r in ok]
-    return Row(label, engine, len(ok) - len(mismatched), len(results) - len(ok) +
-               len(mismatched), len(mismatched), delta("sglang:kv_transfer_total_mb_sum"),
-               int(count), delta("sglang:kv_transfer_latency_ms_sum") / count if count else 0.0,
-               _percentile(ttfts, 0.5), _percentile(ttfts, 0.99), wall,
+    return Row(label, engine, len(ok) - len(mismatched),
+               len(results) - len(ok) + len(mismatched), len(mismatched), mb, transfers,
+               transfer_ms, _percentile(ttfts, 0.5), _percentile(ttfts, 0.99), wall,
                [f"prompt {r.prompt}: {r.error}" for r in results if r.error] +
-               [f"prompt {i}: tokens differ from the plain server" for i in mismatched],
+               [f"prompt {i}: tokens differ from {reference_name}" for i in mismatched],
                rep, logs)
 
 

@@ -39,7 +39,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .knob_rows import knob_label
+from .knob_rows import folder_name, knob_label
 from .vllm_demo import DemoError, Engine, Flow, print_timeline, run_alone, run_pd
 
 BACKENDS = ("pdc", "nixl", "mooncake", "alone")
@@ -86,8 +86,7 @@ def run_backend(python: str, work: Path, model: str, family: str, engine_name: s
                 backend: str, rep: int, prompts: list[list[int]], ref: list[list[int]],
                 max_tokens: int, in_flight: int, knobs_env: dict | None = None) -> Run:
     """`knobs_env`: a pdc row's runtime knobs, for both of its engines."""
-    safe = "".join(c if c.isalnum() or c in "_-" else "-" for c in backend)
-    logs = work / f"rep{rep}-{safe}"
+    logs = work / f"rep{rep}-{folder_name(backend)}"
     logs.mkdir()
     run = Run(backend, rep, logs)
     engines: list[Engine] = []

@@ -8,17 +8,11 @@
 # Carried: build/gpurun/{pkg,tree,before} (pkg: trimmed engines, debs, pyzmq and jsonschema
 # wheels; tree: git archive of the commit; before: git archive of ac06c12^).
 set -u
-B=$PWD/build/gpurun; T=$B/tree
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-mkdir -p /tmp/debs /tmp/site
-for f in "$B"/pkg/*.deb; do dpkg -x "$f" /tmp/debs; done
-for f in "$B"/pkg/*.tgz; do tar xzf "$f" -C /tmp/site; done
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$B"/pkg/*.whl
+source "$(dirname "${BASH_SOURCE[0]}")/unpack.sh"
 shim() { d=$(mktemp -d); mkdir -p "$d/pdc"; cp -r "$1"/pdc/. "$d/pdc/"
   for s in runtime compiler generated integrations; do ln -sfn "$1/$s" "$d/pdc/$s"; done; echo "$d"; }
 AFTER=$(shim "$T"); BEFORE=$(shim "$B/before")
-CUDART=$(python3 -c "import glob, os, site; print(':'.join(sorted({os.path.dirname(p) for d in site.getsitepackages() for p in glob.glob(d + '/nvidia/**/libcudart.so.13*', recursive=True)})))")
-export LD_LIBRARY_PATH="/tmp/debs/usr/lib/x86_64-linux-gnu:/tmp/debs/lib/x86_64-linux-gnu:$CUDART${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 {
   date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; nproc; uptime
   PYTHONPATH="$AFTER:/tmp/site" python3 -c "import sys, torch, triton, numpy; print(sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__, 'gpus', torch.cuda.device_count())"
