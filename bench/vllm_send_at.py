@@ -28,8 +28,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pdc.serving.vllm_demo import Engine, Flow, engine_env, run_pd, run_single
 from pdc.serving.vllm_env import HINT, vllm_python
+from pdc.serving.vllm_proxy import Engine, Flow, engine_env, run_pd, run_single
 
 MODES = ("first_layer", "after_forward")
 

@@ -30,6 +30,17 @@ request arrives, computes and sends the first N - 1 tokens' pages and their stat
 (`pdc_tokens` in kv_transfer_params), and decode loads those N - 1 tokens and computes token
 N itself. vLLM's own NixlConnector does the same.
 
+Note [First token from prefill]: a proxy may stream prefill's token to the client as the
+first token and send decode the prompt followed by that token, with prefill's params and
+`max_tokens` one less; prefill's request then carries `pdc_first_token: true`. Decode loads
+the `pdc_tokens` = N prompt tokens prefill computed and computes the first token's row itself,
+sampling the second token from it: nothing is computed twice, so prefill keeps a hybrid's last
+prompt token (Note [Hybrid last token] does not apply) and sends the state after all N
+tokens. The client's first token no longer waits for the transfer and decode's step (the
+second one does), and decode continues from the token the client saw, whatever the sampling.
+vLLM's own connectors count every prompt token of decode's request as prefill's, so the flow
+is pdc's (pdc vllm-demo's `pdc, first token from prefill` row).
+
 Note [Hybrid prefix caching]: with prefix caching vLLM keeps a hybrid's states in
 mamba_cache_mode "align": each state group gives a request a block per `state_tokens`
 tokens (the attention page), most of them vLLM's null block, and the state after n tokens
@@ -128,6 +139,7 @@ class PdcScheduler:
         params = request.kv_transfer_params
         if (not self.settings.is_prefill or self.groups.slot is None or not params
                 or not params.get("do_remote_decode") or "pdc_tokens" in params
+                or params.get("pdc_first_token")  # Note [First token from prefill]
                 or request.prompt_token_ids is None or request.num_prompt_tokens < 2):
             return
         del request.prompt_token_ids[-1:]
@@ -163,7 +175,8 @@ class PdcScheduler:
             # A one-token prompt of a hybrid family keeps its token (Note [Hybrid last
             # token]): nothing to send, no kv_transfer_params; decode runs it as it is.
             if params.get("do_remote_decode") and (self.groups.slot is None
-                                                   or "pdc_tokens" in params):
+                                                   or "pdc_tokens" in params
+                                                   or params.get("pdc_first_token")):
                 self._watch[request.request_id] = request
             return
         if not params.get("do_remote_prefill"):
@@ -171,8 +184,10 @@ class PdcScheduler:
         params["do_remote_prefill"] = False  # one transfer per request
         arrived = self._arrived.pop(request.request_id, 0.0)
         if num_external_tokens <= 0:
-            if self.groups.slot is not None and "pdc_room" in params:
-                # Note [Hybrid prefix caching]: decode's cache holds every sent token
+            if "pdc_room" in params:
+                # decode's cache holds every sent token: Note [Hybrid prefix caching], or
+                # Note [First token from prefill] (decode's request is a token longer than
+                # what prefill sends); prefill frees the request now
                 self._cancel.append(CancelReq(request.request_id, int(params["pdc_room"]),
                                               str(params["pdc_bootstrap"]),
                                               int(params.get("tp_size", 1)),
@@ -242,8 +257,9 @@ class PdcScheduler:
                 "tp_size": self.tp,
                 "pdc_room": room_of(req_id),
                 "pdc_bootstrap": self.bootstrap,
-            } | ({"pdc_tokens": request.num_prompt_tokens} if self.groups.slot is not None
-                 else {})
+            } | ({"pdc_tokens": request.num_prompt_tokens}
+                 if self.groups.slot is not None or (request.kv_transfer_params or {}).get(
+                     "pdc_first_token") else {})
         params = request.kv_transfer_params or {}
         self._arrived.pop(req_id, None)
         if req_id in self._recv or params.get("do_remote_prefill"):

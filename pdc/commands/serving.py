@@ -51,8 +51,9 @@ def _knob_rows(texts: list[str]) -> tuple[list[dict], tuple[str, str] | None]:
     arg("--seed", type=int, default=0, help="seed of the prompts"),
     arg("--keep", action="store_true", help="keep the model and the engines' logs"),
     arg("--compare", action="store_true",
-        help="also run vLLM's own NixlConnector and MooncakeConnector and one engine alone "
-             "on the same engines' settings; a TTFT table with the overhead over one engine"),
+        help="also run pdc with the first token from prefill, vLLM's own NixlConnector and "
+             "MooncakeConnector and one engine alone on the same engines' settings; a TTFT "
+             "table with the overhead over one engine"),
     arg("--in-flight", type=int, default=4, metavar="N",
         help="prompts in flight at once (default: 4)"),
     arg("--repeat", type=int, default=1, metavar="N",
@@ -84,8 +85,10 @@ def cmd_vllm_demo(args: argparse.Namespace) -> int:
     for the reference, then a prefill and a decode engine (separate processes, PdcConnector
     as kv_producer and kv_consumer), sends every prompt through a minimal PD proxy and
     compares each generated token with the reference. `--compare` runs the same prompts
-    through vLLM's own NixlConnector and MooncakeConnector and one engine alone too, and
-    prints TTFT p50/p99 per backend with its overhead over the engine alone (docs/vllm.md).
+    through pdc with the first token from prefill, vLLM's own NixlConnector and
+    MooncakeConnector and one engine alone too, and prints TTFT p50/p99 per backend with its
+    overhead over the engine alone, TTFT's parts and the time to the second token
+    (docs/vllm.md).
     Needs the vLLM environment (scripts/install-vllm.sh). The table goes to stdout, progress
     to stderr.
 

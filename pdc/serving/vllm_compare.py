@@ -1,9 +1,12 @@
 """`pdc vllm-demo --compare`: PdcConnector against vLLM's own PD connectors on the same engines.
 
 Each backend runs the same model, prompts, engine settings and core binding (prefill on core
-0, decode and the engine alone on core 1; Note [Engine threads] in pdc/serving/vllm_demo.py):
+0, decode and the engine alone on core 1; Note [Engine threads] in pdc/serving/vllm_proxy.py):
 
 - `pdc (ENGINE)`: PdcConnector over pdc's Mooncake or NIXL engine;
+- `pdc, first token from prefill (ENGINE)`: the same engines, and the proxy streams prefill's
+  token as the first one and decode continues from it (Note [First token from prefill] in
+  integrations/vllm/scheduler.py; vLLM's own connectors cannot take that flow);
 - `vLLM NixlConnector`, `vLLM MooncakeConnector` (TCP): vLLM's own connectors, with the CPU
   fixes of Note [vLLM's own connectors];
 - `one engine`: a single vLLM engine serving the prompts itself, the floor the others are
@@ -25,7 +28,7 @@ Note [vLLM's own connectors]: what they need on a CPU box, set here and nowhere 
   the demo gets (TCP over `lo`, engine_env), as pdc's NIXL engine does.
 - MooncakeConnector: `mooncake_protocol: tcp` (its default is RDMA), a bootstrap port of its
   own on prefill (VLLM_MOONCAKE_BOOTSTRAP_PORT), VLLM_HOST_IP=127.0.0.1, prefill's engine id
-  fixed by the demo, the proxy flow of Flow (pdc/serving/vllm_demo.py), and in the engine process
+  fixed by the demo, the proxy flow of Flow (pdc/serving/vllm_proxy.py), and in the engine process
   `torch.accelerator.current_device_index` answering 0 on a host without an accelerator
   (its worker asks for it and raises otherwise; pdc.serving.vllm_engine's `_cpu_fixes`).
 """
@@ -40,11 +43,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .knob_rows import folder_name, knob_label
-from .vllm_demo import DemoError, Engine, Flow, print_timeline, run_alone, run_pd
+from .vllm_demo import print_timeline
+from .vllm_proxy import DemoError, Engine, Flow, run_alone, run_pd
 
-BACKENDS = ("pdc", "nixl", "mooncake", "alone")
+BACKENDS = ("pdc", "pdc-first", "nixl", "mooncake", "alone")
 LABELS = {"nixl": "vLLM NixlConnector", "mooncake": "vLLM MooncakeConnector",
-          "alone": "one engine"}
+          "alone": "one engine", "pdc-first": "pdc, first token from prefill"}
 
 
 def _free_port() -> int:
@@ -61,6 +65,12 @@ class Run:
     ttft_ms: list = field(default_factory=list)
     identical: int = 0
     errors: list = field(default_factory=list)
+    # TTFT's parts per request: the prefill engine's own receipt -> answer, and the decode
+    # engine's receipt -> first token (the one engine's TTFT for `alone`); the rest of TTFT
+    # is the proxy and the hops between them
+    prefill_ms: list = field(default_factory=list)
+    decode_ms: list = field(default_factory=list)
+    second_ms: list = field(default_factory=list)  # the client's time to its second token
 
     @property
     def p50(self) -> float:
@@ -79,7 +89,8 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 def label(backend: str, engine_name: str) -> str:
-    return f"{backend} ({engine_name})" if backend.startswith("pdc") else LABELS[backend]
+    name = LABELS.get(backend, backend)
+    return f"{name} ({engine_name})" if backend.startswith("pdc") else name
 
 
 def run_backend(python: str, work: Path, model: str, family: str, engine_name: str,
@@ -95,8 +106,11 @@ def run_backend(python: str, work: Path, model: str, family: str, engine_name: s
             one = Engine(python, logs, "single", model, family, engine_name, core=1)
             engines.append(one)
             one.wait_up()
-            tokens, ttft = run_alone(one, prompts, max_tokens, in_flight)
+            replies: dict = {}
+            tokens, ttft = run_alone(one, prompts, max_tokens, in_flight, replies)
             errors = [""] * len(prompts)
+            run.decode_ms = [t * 1e3 for t in ttft]
+            run.second_ms = [replies[i]["second_s"] * 1e3 for i in range(len(prompts))]
         else:
             pre_env, dec_env, flow = {}, {}, Flow()
             if backend == "nixl":
@@ -109,6 +123,8 @@ def run_backend(python: str, work: Path, model: str, family: str, engine_name: s
                            "VLLM_HOST_IP": "127.0.0.1"}
                 dec_env = dict(pre_env, VLLM_MOONCAKE_BOOTSTRAP_PORT=str(_free_port()))
                 flow = Flow(f"pdc-demo-prefill-{rep}", f"http://127.0.0.1:{port}", f"r{rep}")
+            elif backend == "pdc-first":
+                flow = Flow(first_token=True)
             connector = "pdc" if backend.startswith("pdc") else backend
             pre_env, dec_env = {**pre_env, **(knobs_env or {})}, {**dec_env, **(knobs_env or {})}
             pre = Engine(python, logs, "prefill", model, family, engine_name, core=0,
@@ -119,8 +135,15 @@ def run_backend(python: str, work: Path, model: str, family: str, engine_name: s
                          connector=connector, env=dec_env)
             engines.append(dec)
             dec.wait_up()
+            replies = {}
+            second = [0.0] * len(prompts)
             tokens, _, ttft, errors, _ = run_pd(pre, dec, prompts, max_tokens,
-                                             concurrency=in_flight, flow=flow)
+                                             concurrency=in_flight, flow=flow,
+                                             replies=replies, second=second)
+            ok = [i for i, e in enumerate(errors) if not e]
+            run.prefill_ms = [replies["prefill", i]["ttft_s"] * 1e3 for i in ok]
+            run.decode_ms = [replies["decode", i]["ttft_s"] * 1e3 for i in ok]
+            run.second_ms = [second[i] * 1e3 for i in ok]
         run.ttft_ms = [t * 1e3 for t, e in zip(ttft, errors, strict=True) if not e]
         run.identical = sum(t == r and not e for t, r, e in zip(tokens, ref, errors,
                                                                 strict=True))
@@ -160,6 +183,12 @@ class Row:
     p99_ms: float
     over_p50_ms: float | None
     over_p99_ms: float | None
+    # TTFT's parts (Run.prefill_ms, decode_ms), each the median over runs of its p50;
+    # `hops_p50_ms`: the p50 of what TTFT leaves beside the two engines (proxy, hops)
+    prefill_p50_ms: float | None = None
+    hops_p50_ms: float | None = None
+    decode_p50_ms: float | None = None
+    second_p50_ms: float | None = None  # the client's time to its second token
 
 
 def rows_of(runs: list[Run], engine_name: str, n_prompts: int) -> list[Row]:
@@ -173,11 +202,24 @@ def rows_of(runs: list[Run], engine_name: str, n_prompts: int) -> list[Row]:
     out = []
     for b, rs in by.items():
         p50, p99 = med[b]
+        pd = b != "alone"
         out.append(Row(label(b, engine_name), len(rs),
                        f"{sum(r.identical for r in rs)}/{n_prompts * len(rs)}", p50, p99,
-                       None if base is None or b == "alone" else p50 - base[0],
-                       None if base is None or b == "alone" else p99 - base[1]))
+                       None if base is None or not pd else p50 - base[0],
+                       None if base is None or not pd else p99 - base[1],
+                       _part(rs, lambda r: r.prefill_ms) if pd else None,
+                       _part(rs, lambda r: [t - a - b for t, a, b in
+                                            zip(r.ttft_ms, r.prefill_ms, r.decode_ms,
+                                                strict=True)])
+                       if pd else None,
+                       _part(rs, lambda r: r.decode_ms), _part(rs, lambda r: r.second_ms)))
     return out
+
+
+def _part(runs: list[Run], of) -> float | None:
+    """The median over runs of a part's p50; None when no run measured it."""
+    p50s = [_pct(of(r), 0.5) for r in runs if of(r)]
+    return statistics.median(p50s) if p50s else None
 
 
 def load_average() -> str:
@@ -195,6 +237,26 @@ def print_rows(rows: list[Row], out, title: str) -> None:
                 [(r.backend, str(r.runs), r.identical, f"{r.p50_ms:.0f}", f"{r.p99_ms:.0f}",
                   ms(r.over_p50_ms), ms(r.over_p99_ms)) for r in rows], out,
                 right=range(1, 7), title=title)
+    if any(r.decode_p50_ms is not None for r in rows):
+        print_parts(rows, out)
+
+
+def print_parts(rows: list[Row], out) -> None:
+    """Where each backend's TTFT goes: the prefill engine's own time, the proxy and hops
+    beside the engines, and the decode engine's own time to its first token."""
+    from ..console import print_table, wrap
+
+    def ms(x: float | None) -> str:
+        return "-" if x is None else f"{x:.1f}"
+
+    print_table(("backend", "prefill engine", "proxy and hops", "decode engine",
+                 "2nd token"),
+                [(r.backend, ms(r.prefill_p50_ms), ms(r.hops_p50_ms), ms(r.decode_p50_ms),
+                  ms(r.second_p50_ms)) for r in rows], out, right=range(1, 5),
+                title=wrap("TTFT's parts and the time to the second token, p50 ms (median "
+                           "over repetitions); one engine: its own TTFT under decode engine; "
+                           "first token from prefill: decode engine to its first token, the "
+                           "client's second"))
 
 
 def print_failures(runs: list[Run], engine_name: str, out=None) -> None:

@@ -14,7 +14,8 @@ serves JSON requests: {"op": "generate", "id", "prompt": [token ids], "max_token
 requests that finished since, in this process: a prefill's sends once they are done),
 {"op": "stop"}. Each finished request is answered with
 {"id", "tokens", "kv_transfer_params", "finish_reason", "cached_tokens" (vLLM's
-prefix-cache hit, or what the connector loaded), "ttft_s"} and, when asked,
+prefix-cache hit, or what the connector loaded), "ttft_s", "second_s" (receipt to the
+first and to the second token; to the end for a one-token request)} and, when asked,
 "logprobs": per generated token its top-k [[token, logprob], ...], best first. The engine
 is vLLM's LLMEngine, stepped by this loop (no HTTP server, no tokenizer: prompts are token
 ids).
@@ -33,7 +34,7 @@ IDLE_STEP_SLEEP_S = 0.0005  # Note [Idle steps]
 
 def _kv_config(args):
     """The engine's KV connector: pdc's, or one of vLLM's own for `pdc vllm-demo --compare`
-    (Note [vLLM's own connectors] in pdc/serving/vllm_demo.py)."""
+    (Note [vLLM's own connectors] in pdc/serving/vllm_compare.py)."""
     from vllm.config import KVTransferConfig
 
     role = "kv_producer" if args.role == "prefill" else "kv_consumer"
@@ -265,7 +266,7 @@ def main(argv=None) -> int:
     if args.connector == "nixl" and core.isdigit():
         # NixlConnector on a CPU moves the engine's thread to the last core of each NUMA
         # node (its "core for KV transfer"); put it back on the engine's own core (Note
-        # [Engine threads] in pdc/serving/vllm_demo.py).
+        # [Engine threads] in pdc/serving/vllm_proxy.py).
         os.sched_setaffinity(0, {int(core)})
     from pdc.runtime.metrics import mark
     ctx = zmq.Context.instance()
@@ -285,6 +286,7 @@ def main(argv=None) -> int:
     clients: dict[str, bytes] = {}
     started: dict[str, float] = {}
     first: dict[str, float] = {}
+    second: dict[str, float] = {}  # when a request's second token came out
     rooms: dict[str, int] = {}  # decode requests of pdc: their room, for the timeline
     while True:
         busy = engine.has_unfinished_requests() or \
@@ -335,6 +337,9 @@ def main(argv=None) -> int:
                 first[rid] = time.monotonic()
                 if rid in rooms:  # Note [Timeline stamps]: the first token left
                     mark("first_token", "decode", rooms.pop(rid), t=first[rid])
+            if rid in started and rid not in second and out.outputs and \
+                    len(out.outputs[0].token_ids) >= 2:
+                second[rid] = time.monotonic()
             if not out.finished or rid not in clients:
                 continue
             o = out.outputs[0]
@@ -342,7 +347,8 @@ def main(argv=None) -> int:
                      "kv_transfer_params": out.kv_transfer_params,
                      "finish_reason": o.finish_reason,
                      "cached_tokens": out.num_cached_tokens,
-                     "ttft_s": first.get(rid, time.monotonic()) - started.pop(rid)}
+                     "ttft_s": first.get(rid, time.monotonic()) - started[rid],
+                     "second_s": second.pop(rid, time.monotonic()) - started.pop(rid)}
             if o.logprobs is not None:  # per token: [[token, logprob], ...] best first
                 reply["logprobs"] = [sorted(([t, lp.logprob] for t, lp in pos.items()),
                                             key=lambda x: -x[1]) for pos in o.logprobs]

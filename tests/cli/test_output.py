@@ -389,10 +389,14 @@ def test_vllm_demo_names_a_near_tie_and_a_drift_beyond_the_tolerance():
 def test_vllm_compare_table_is_medians_over_repetitions_and_overhead_over_one_engine():
     from pathlib import Path
 
+    from pdc.serving import vllm_compare as C
     from pdc.serving.vllm_compare import Run, print_rows, rows_of
 
     def run(backend, rep, ttfts, identical=4):
-        return Run(backend, rep, Path("."), ttfts, identical)
+        if backend == "alone":  # its TTFT is the engine's own
+            return Run(backend, rep, Path("."), ttfts, identical, decode_ms=ttfts)
+        return Run(backend, rep, Path("."), ttfts, identical, prefill_ms=[10] * 4,
+                   decode_ms=[t / 2 for t in ttfts], second_ms=[t + 5 for t in ttfts])
 
     runs = [run("alone", 0, [20, 22, 24, 80]), run("pdc", 0, [60, 70, 75, 300]),
             run("nixl", 0, [50, 55, 60, 200]), run("alone", 1, [30, 32, 34, 90]),
@@ -408,6 +412,15 @@ def test_vllm_compare_table_is_medians_over_repetitions_and_overhead_over_one_en
     print_rows(list(rows.values()), out, "title")
     line = next(x for x in out.getvalue().splitlines() if x.startswith("  pdc (mooncake)"))
     assert line.split() == ["pdc", "(mooncake)", "2", "7/8", "60", "200", "+30", "+115"]
+    # TTFT's parts: pdc's decode half of each TTFT, prefill 10 ms, the rest hops
+    assert (pdc.prefill_p50_ms, pdc.decode_p50_ms, pdc.hops_p50_ms) == (10.0, 29.75, 19.75)
+    assert (rows["one engine"].prefill_p50_ms, rows["one engine"].decode_p50_ms) == (None, 29.0)
+    parts = out.getvalue().split("TTFT's parts")[1].splitlines()
+    assert [x.split() for x in parts if x.startswith("  pdc")] == [
+        ["pdc", "(mooncake)", "10.0", "19.8", "29.8", "64.5"]]
+    assert [x.split() for x in parts if x.startswith("  one engine")] == [
+        ["one", "engine", "-", "-", "29.0", "-"]]
+    assert C.label("pdc-first", "nixl") == "pdc, first token from prefill (nixl)"
     fits(out.getvalue())
 
 
@@ -428,7 +441,12 @@ def test_vllm_compare_knob_rows_are_pdc_backends_with_their_knobs(tmp_path, monk
             pass
 
     monkeypatch.setattr(C, "Engine", FakeEngine)
-    monkeypatch.setattr(C, "run_pd", lambda *a, **k: ([[1]], None, [0.05], [""], None))
+    def fake_run_pd(*a, replies, **k):
+        replies["prefill", 0] = {"ttft_s": 0.02}
+        replies["decode", 0] = {"ttft_s": 0.025}
+        return [[1]], None, [0.05], [""], None
+
+    monkeypatch.setattr(C, "run_pd", fake_run_pd)
     env = {"PDC_WORKER_POLL": "1"}
     run = C.run_backend("python", tmp_path, "model", "fam", "mooncake",
                         "pdc[worker_poll=1]", 0, [[5]], [[1]], 4, 1, env)
@@ -436,11 +454,12 @@ def test_vllm_compare_knob_rows_are_pdc_backends_with_their_knobs(tmp_path, monk
         ("prefill", "pdc", env), ("decode", "pdc", env)]
     assert (run.identical, run.ttft_ms, run.logs.name) == (1, [50.0],
                                                             "rep0-pdc-worker_poll-1-")
+    assert (run.prefill_ms, run.decode_ms) == ([20.0], [25.0])
     assert C.label("pdc[worker_poll=1]", "nixl") == "pdc[worker_poll=1] (nixl)"
 
 
 def test_vllm_proxy_flows_of_the_connectors():
-    from pdc.serving.vllm_demo import Flow
+    from pdc.serving.vllm_proxy import Flow
 
     assert Flow().to_prefill(3) == {"do_remote_decode": True}
     assert Flow().to_decode(3, {"pdc_room": 7}) == {"pdc_room": 7}

@@ -10,7 +10,7 @@ from pdc.serving.vllm_env import vllm_python
 @pytest.fixture(scope="session")
 def vllm_model(tmp_path_factory):
     """The random-weight Llama of the vllm-llama family, made once by the vLLM environment."""
-    from pdc.serving.vllm_demo import engine_env
+    from pdc.serving.vllm_proxy import engine_env
 
     path = tmp_path_factory.mktemp("vllm-model") / "model"
     r = subprocess.run([vllm_python(), "-m", "pdc.serving.vllm_engine", "--make-model", str(path),

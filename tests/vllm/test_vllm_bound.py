@@ -84,7 +84,7 @@ MAKE = textwrap.dedent("""\
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
-    from pdc.serving.vllm_demo import engine_env
+    from pdc.serving.vllm_proxy import engine_env
 
     root = tmp_path_factory.mktemp("vllm-bound")
     specs = root / "user-specs"
@@ -100,7 +100,7 @@ def work(tmp_path_factory):
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_one_spec_per_architecture_serves_every_size_token_identical(work, name, monkeypatch):
-    from pdc.serving.vllm_demo import Engine, make_prompts, run_pd, run_single
+    from pdc.serving.vllm_proxy import Engine, make_prompts, run_pd, run_single
 
     monkeypatch.setenv("PDC_SPEC_PATH", str(work / "user-specs"))
     monkeypatch.setenv("PDC_SPEC_CACHE", str(work / "spec-cache"))

@@ -17,8 +17,8 @@ import time
 
 import pytest
 
-from pdc.serving.vllm_demo import Engine, make_prompts, run_pd, run_single
 from pdc.serving.vllm_env import HINT, vllm_python
+from pdc.serving.vllm_proxy import Engine, Flow, make_prompts, run_pd, run_single
 
 pytestmark = pytest.mark.engines
 
@@ -140,6 +140,23 @@ def test_pd_is_token_identical_to_one_engine(pair, reference):
         assert t["bytes"] == (-(-len(p) // 32) - t["prefix_tokens"] // 32) * 2 * 16384, t
     assert repeats == 2, transfers  # prompts 3 and 7 repeat prompt 2 (150 tokens: 4 of 5)
     nothing_held(pre)
+    nothing_held(dec)
+
+
+def test_the_first_token_from_prefill_is_token_identical_to_one_engine(pair, reference):
+    """Note [First token from prefill]: the client's first token is prefill's, decode gets the
+    prompt and that token and loads the prompt's blocks past its own prefix cache (which
+    holds the earlier test's prompts: a prompt a whole number of blocks long is all cached,
+    its load cancelled and prefill's blocks freed at once)."""
+    pre, dec = pair
+    tokens, transfers, _, errors, _ = run_pd(pre, dec, PROMPTS, TOKENS,
+                                             flow=Flow(first_token=True))
+    assert errors == [""] * len(PROMPTS) and tokens == reference, (errors, tokens)
+    for p, t in zip(PROMPTS, transfers, strict=True):
+        assert t["ok"] and t["prefix_tokens"] % 32 == 0, t
+        assert t["bytes"] == (-(-len(p) // 32) - t["prefix_tokens"] // 32) * 2 * 16384, t
+    assert any(t.get("cached") for t in transfers), transfers
+    nothing_held(pre, timeout_s=5.0)
     nothing_held(dec)
 
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import pytest
 
-from pdc.serving.vllm_demo import Engine, make_prompts, run_pd
 from pdc.serving.vllm_env import HINT, vllm_python
+from pdc.serving.vllm_proxy import Engine, make_prompts, run_pd
 
 pytestmark = pytest.mark.engines
 

@@ -26,8 +26,8 @@ import subprocess
 import pytest
 
 from pdc.serving.drift import compare
-from pdc.serving.vllm_demo import Engine, engine_env, run_pd, run_single
 from pdc.serving.vllm_env import HINT, vllm_python
+from pdc.serving.vllm_proxy import Engine, Flow, engine_env, run_pd, run_single
 
 pytestmark = pytest.mark.engines
 
@@ -169,6 +169,25 @@ def test_another_prompts_page_and_state_fail_the_check(pair, ref):
     verdict = compare(ref[0][1], ref[1][1], d["tokens"], d["logprobs"], TOL)
     print("negative control:", verdict)
     assert not verdict.ok, verdict
+    assert_nothing_left(pre, dec)
+
+
+def test_the_first_token_from_prefill_matches_one_engine(pair, ref):
+    """Note [First token from prefill]: prefill computes all N tokens past its hit and sends
+    the state after them; decode gets the prompt and prefill's token, loads past its own hit
+    and computes that token's step: prefill's token is the reference's first, decode's tokens
+    its second to last within TOL."""
+    pre, dec = pair
+    replies: dict = {}
+    tokens, transfers, _, errors, _ = run_pd(pre, dec, PROMPTS, TOKENS, concurrency=1,
+                                             logprobs=TOP_K, replies=replies,
+                                             flow=Flow(first_token=True))
+    assert errors == [""] * len(PROMPTS), errors
+    assert [t[0] for t in tokens] == [r[0] for r in ref[0]]
+    got = [compare(r[1:], rt[1:], g[1:], replies["decode", i]["logprobs"], TOL)
+           for i, (r, rt, g) in enumerate(zip(ref[0], ref[1], tokens, strict=True))]
+    assert all(v.ok for v in got), got
+    assert all(t["ok"] for t in transfers), transfers
     assert_nothing_left(pre, dec)
 
 

@@ -27,8 +27,8 @@ from pathlib import Path
 import pytest
 
 from pdc.serving.drift import compare
-from pdc.serving.vllm_demo import Engine, engine_env, make_prompts, run_pd, run_single
 from pdc.serving.vllm_env import HINT, vllm_python
+from pdc.serving.vllm_proxy import Engine, engine_env, make_prompts, run_pd, run_single
 
 pytestmark = pytest.mark.engines
 

@@ -16,8 +16,8 @@ import subprocess
 
 import pytest
 
-from pdc.serving.vllm_demo import DemoError, Engine, engine_env
 from pdc.serving.vllm_env import HINT, vllm_python
+from pdc.serving.vllm_proxy import DemoError, Engine, engine_env
 
 pytestmark = pytest.mark.engines
 

@@ -27,8 +27,8 @@ import time
 import pytest
 
 from pdc.serving.drift import compare
-from pdc.serving.vllm_demo import Engine, engine_env, make_prompts, run_pd, run_single
 from pdc.serving.vllm_env import HINT, vllm_python
+from pdc.serving.vllm_proxy import Engine, engine_env, make_prompts, run_pd, run_single
 
 # each test starts a reference engine and a PD pair, one side at TP 2 (~90-140 s to start)
 pytestmark = [pytest.mark.engines, pytest.mark.timeout(1200)]

@@ -213,6 +213,42 @@ def test_decode_loads_them_into_its_pages_and_slot_then_computes_the_last_token(
     assert_empty(decode)
 
 
+def test_with_the_first_token_from_prefill_prefill_computes_and_sends_every_token(prefill):
+    """Note [First token from prefill]: decode computes the first token, not the last prompt
+    token, so prefill computes all N tokens and sends the state after them."""
+    r = request("f", 200, {"do_remote_decode": True, "pdc_first_token": True})
+    prefill.add_request(r)
+    assert r.num_prompt_tokens == 200 and "pdc_tokens" not in r.kv_transfer_params
+    out, finished = step(prefill)
+    assert out.num_scheduled_tokens == {"f": 200}
+    (state,), pages = prefill.kv_cache_manager.get_block_ids("f")
+    assert out.kv_connector_metadata.send == [SendReq("f", room_of("f"), tuple(pages), 200,
+                                                      state)]
+    assert finished["f"].kv_transfer_params["pdc_tokens"] == 200
+    step(prefill)
+    step(prefill, sending={"f"})
+    assert_empty(prefill)
+
+
+def test_decode_continues_from_prefills_first_token_computing_only_it(decode):
+    """Decode's request is the prompt and prefill's first token (321 tokens, a block more
+    than prefill's 320): vLLM gives it the blocks of the 320 it loads while it waits, then
+    the block of the one it computes."""
+    decode.add_request(request("g", 320 + 1, remote_prefill_params("g", 320), max_tokens=2))
+    out, _ = step(decode)
+    (state,), pages = decode.kv_cache_manager.get_block_ids("g")
+    assert len(pages) == 2
+    assert out.kv_connector_metadata.recv == [RecvReq(
+        "g", room_of("g"), tuple(pages), 0, "tcp://127.0.0.1:1", 1, state)]
+    step(decode, recving={"g"})
+    out, _ = step(decode)
+    assert out.num_scheduled_tokens == {"g": 1}  # the first token, from the loaded state
+    assert len(decode.kv_cache_manager.get_block_ids("g")[1]) == 3
+    _, finished = step(decode)
+    assert finished["g"].finish_reason.name == "LENGTH"
+    assert_empty(decode)
+
+
 @pytest.mark.parametrize("policy", ["fail", "recompute"])
 def test_a_failed_hybrid_load_reaches_vllm_as_a_failed_request(model_dir, policy):
     s = make_scheduler(model_dir, "kv_consumer", policy)
