@@ -92,6 +92,7 @@ from .layerwise import setup as layerwise_setup
 from .qsa import ring_slot, state_pages_error
 from .regions import mamba_slot as _slot
 from .settings import DECODE_ENV, bootstrap_host, bootstrap_zmq, engine_name, parse_side
+from .spin import SpinGate
 from .swa import window_pages
 
 logger = logging.getLogger(__name__)
@@ -100,6 +101,7 @@ OPEN_WAIT_S = 0.25  # try_ensure_parallel_info waits this long for an endpoint t
 
 # pdc's KVPoll is numbered in progress order, SGLang's puts Failed at 0: map by name.
 _POLL = {s: getattr(KVPoll, s.name) for s in PdcPoll}
+_DONE = (KVPoll.Success, KVPoll.Failed)
 
 
 class PdcTransferError(Exception):
@@ -173,6 +175,7 @@ class PdcKVManager(BaseKVManager):
         self.prefill_info_table: dict[str, _PrefillServerInfo] = {}
         self.failures = 0
         self.quarantined = 0
+        self.spin = SpinGate()  # Note [Spinning scheduler]
         if self.mode == DisaggregationMode.PREFILL:
             decode = {"tp": self.tp, "pp": 1, "dp": self.dp}
             decode.update(parse_side(os.environ.get(DECODE_ENV, ""), DECODE_ENV))
@@ -429,6 +432,12 @@ class PdcKVSender(SendsAhead, BaseKVSender):
                          window_page_ids=apply_window_fault(room, window))
 
     def poll(self) -> KVPoll:
+        state = self._state()
+        if state not in _DONE:  # Note [Spinning scheduler]
+            self.kv_mgr.spin.turn(id(self))
+        return state
+
+    def _state(self) -> KVPoll:
         if self.error:
             return KVPoll.Failed
         if self.idle:
@@ -529,6 +538,12 @@ class PdcKVReceiver(BaseKVReceiver):
                            window_page_ids=window_pages(state_indices, types))
 
     def poll(self) -> KVPoll:
+        state = self._state()
+        if state not in _DONE:  # Note [Spinning scheduler]
+            self.kv_mgr.spin.turn(id(self))
+        return state
+
+    def _state(self) -> KVPoll:
         if self.error:
             return KVPoll.Failed
         if self.receiver is None:

@@ -70,6 +70,7 @@ class Run:
     # is the proxy and the hops between them
     prefill_ms: list = field(default_factory=list)
     decode_ms: list = field(default_factory=list)
+    hops_ms: list = field(default_factory=list)
     second_ms: list = field(default_factory=list)  # the client's time to its second token
 
     @property
@@ -144,6 +145,9 @@ def run_backend(python: str, work: Path, model: str, family: str, engine_name: s
             run.prefill_ms = [replies["prefill", i]["ttft_s"] * 1e3 for i in ok]
             run.decode_ms = [replies["decode", i]["ttft_s"] * 1e3 for i in ok]
             run.second_ms = [second[i] * 1e3 for i in ok]
+            # with the first token from prefill, decode's time comes after the client's TTFT
+            run.hops_ms = [ttft[i] * 1e3 - a - (0.0 if flow.first_token else b)
+                           for i, a, b in zip(ok, run.prefill_ms, run.decode_ms, strict=True)]
         run.ttft_ms = [t * 1e3 for t, e in zip(ttft, errors, strict=True) if not e]
         run.identical = sum(t == r and not e for t, r, e in zip(tokens, ref, errors,
                                                                 strict=True))
@@ -208,10 +212,7 @@ def rows_of(runs: list[Run], engine_name: str, n_prompts: int) -> list[Row]:
                        None if base is None or not pd else p50 - base[0],
                        None if base is None or not pd else p99 - base[1],
                        _part(rs, lambda r: r.prefill_ms) if pd else None,
-                       _part(rs, lambda r: [t - a - b for t, a, b in
-                                            zip(r.ttft_ms, r.prefill_ms, r.decode_ms,
-                                                strict=True)])
-                       if pd else None,
+                       _part(rs, lambda r: r.hops_ms) if pd else None,
                        _part(rs, lambda r: r.decode_ms), _part(rs, lambda r: r.second_ms)))
     return out
 

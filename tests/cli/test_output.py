@@ -396,7 +396,8 @@ def test_vllm_compare_table_is_medians_over_repetitions_and_overhead_over_one_en
         if backend == "alone":  # its TTFT is the engine's own
             return Run(backend, rep, Path("."), ttfts, identical, decode_ms=ttfts)
         return Run(backend, rep, Path("."), ttfts, identical, prefill_ms=[10] * 4,
-                   decode_ms=[t / 2 for t in ttfts], second_ms=[t + 5 for t in ttfts])
+                   decode_ms=[t / 2 for t in ttfts], second_ms=[t + 5 for t in ttfts],
+                   hops_ms=[t / 2 - 10 for t in ttfts])
 
     runs = [run("alone", 0, [20, 22, 24, 80]), run("pdc", 0, [60, 70, 75, 300]),
             run("nixl", 0, [50, 55, 60, 200]), run("alone", 1, [30, 32, 34, 90]),
@@ -454,7 +455,20 @@ def test_vllm_compare_knob_rows_are_pdc_backends_with_their_knobs(tmp_path, monk
         ("prefill", "pdc", env), ("decode", "pdc", env)]
     assert (run.identical, run.ttft_ms, run.logs.name) == (1, [50.0],
                                                             "rep0-pdc-worker_poll-1-")
-    assert (run.prefill_ms, run.decode_ms) == ([20.0], [25.0])
+    assert (run.prefill_ms, run.decode_ms, run.hops_ms) == ([20.0], [25.0], [5.0])
+    # the first token from prefill: its proxy's flow, and TTFT is prefill's answer and hops
+    flows = []
+
+    def first_run_pd(*a, replies, flow, **k):
+        flows.append(flow)
+        replies["prefill", 0] = {"ttft_s": 0.02}
+        replies["decode", 0] = {"ttft_s": 0.025}
+        return [[1]], None, [0.024], [""], None
+
+    monkeypatch.setattr(C, "run_pd", first_run_pd)
+    run = C.run_backend("python", tmp_path, "model", "fam", "mooncake", "pdc-first", 0, [[5]],
+                        [[1]], 4, 1)
+    assert flows[0].first_token and [round(h, 6) for h in run.hops_ms] == [4.0]
     assert C.label("pdc[worker_poll=1]", "nixl") == "pdc[worker_poll=1] (nixl)"
 
 
