@@ -32,14 +32,15 @@ class SpinGate:
         self.slept = 0  # turns that slept
 
     def turn(self, key: int) -> None:
+        yield_us = knobs.get("sglang_spin_yield_us")
+        if yield_us <= 0:  # off (the default): no bookkeeping on the scheduler's loop
+            return
         if key not in self.polled:
             self.polled.add(key)
             return
-        now = time.monotonic()
-        spinning = now - self.turn_started < TURN_S
+        spinning = time.monotonic() - self.turn_started < TURN_S
         self.polled = {key}
-        yield_us = knobs.get("sglang_spin_yield_us")
-        if spinning and yield_us > 0:
+        if spinning:
             time.sleep(yield_us / 1e6)
             self.slept += 1
         self.turn_started = time.monotonic()
