@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import cast
 
 import torch
@@ -48,10 +49,12 @@ __all__ = [
     "Entry",
     "EntryTable",
     "SegmentSpec",
+    "Prepared",
     "Tiling",
     "default_tiling",
     "gather",
     "gather_reference",
+    "prepare",
     "scatter",
     "scatter_reference",
 ]
@@ -332,7 +335,7 @@ def _check_explicit_offsets(
                 )
 
 
-def _launch_alignment(
+def launch_alignment(
     table: EntryTable, staging: torch.Tensor, staging_offsets: Sequence[int] | None,
     max_align: int,
 ) -> int:
@@ -345,16 +348,37 @@ def _launch_alignment(
     return min(max_align, table.alignment, pow2_alignment(staging.data_ptr(), *offsets))
 
 
-def _launch(
+@dataclass(frozen=True)
+class Prepared:
+    """One checked copy-kernel launch, ready to run (again): its device tensors exist, so it
+    may be captured into a CUDA graph (Note [Staging graphs] in runtime/staging_graphs.py)."""
+
+    device: torch.device
+    grid: tuple[int, int]
+    args: tuple  # table, indices, staging words, staging offsets (words), n, column chunks
+    meta: dict
+    word: int  # bytes per word: explicit staging offsets are given to the kernel in words
+
+    def run(self) -> None:
+        with _launch_context(self.device):
+            _kernel_for(self.device)[self.grid](*self.args, **self.meta)
+
+
+def prepare(
     entries: Sequence[Entry] | EntryTable,
     indices: torch.Tensor,
     staging: torch.Tensor,
-    staging_offsets: Sequence[int] | None,
-    check_indices: bool,
-    max_align: int,
-    tiling: Tiling | None,
-    to_staging: bool,
-) -> None:
+    staging_offsets: Sequence[int] | None = None,
+    *,
+    check_indices: bool = True,
+    max_align: int = 16,
+    tiling: Tiling | None = None,
+    to_staging: bool = True,
+    offsets_words: torch.Tensor | None = None,
+) -> Prepared | None:
+    """The launch `gather` (`to_staging`) or `scatter` would make, checked; None when it moves
+    nothing. `offsets_words` is a device buffer the caller fills with `staging_offsets` in the
+    launch's words (`Prepared.word`) before each run; by default the launch gets its own."""
     table = entries if isinstance(entries, EntryTable) else EntryTable(entries)
     if max_align not in _ALIGNS:
         raise ValueError(f"max_align must be one of 1, 2, 4, 8, 16, got {max_align}")
@@ -365,7 +389,7 @@ def _launch(
     device = staging.device
     if table.device is not None and table.device != device:
         raise ValueError(f"staging is on {device}, but the entries' pools are on {table.device}")
-    kernel = _kernel_for(device)
+    _kernel_for(device)  # an unsupported device is refused before anything else
     indices = _check_indices(table, indices, device, check_indices, unique=not to_staging)
     n = indices.numel()
     n_entries = len(table)
@@ -379,9 +403,9 @@ def _launch(
     else:
         _check_explicit_offsets(staging_offsets, table, n, staging_nbytes, to_staging)
     if n == 0 or n_entries == 0:
-        return
+        return None
 
-    align = _launch_alignment(table, staging, staging_offsets, max_align)
+    align = launch_alignment(table, staging, staging_offsets, max_align)
     word = min(align, 4)
     vec = align // word
     tile = tiling or default_tiling(table.max_seg_bytes, n * table.max_repeat, device)
@@ -401,28 +425,32 @@ def _launch(
     dev_table = table._device_table(word, vec, device)
     if staging_offsets is None:
         stage_offs = dev_table  # never read: DENSE derives offsets from the table's prefixes
+    elif offsets_words is not None:
+        stage_offs = offsets_words
     else:
         stage_offs = torch.tensor([int(o) // word for o in staging_offsets], dtype=torch.int64,
                                   device=device)
-    grid = (n_col_chunks * n_row_blocks, n_entries)
-    with _launch_context(device):
-        kernel[grid](
-            dev_table,
-            indices,
-            words,
-            stage_offs,
-            n,
-            n_col_chunks,
-            TABLE_COLS=_TABLE_COLS,
-            TO_STAGING=to_staging,
-            DENSE=staging_offsets is None,
-            ALIGN=align,
-            VEC=vec,
-            ROWS=rows,
-            BLOCK=block,
-            ITERS=tile.iters,
-            num_warps=tile.num_warps,
-        )
+    meta = {"TABLE_COLS": _TABLE_COLS, "TO_STAGING": to_staging,
+            "DENSE": staging_offsets is None, "ALIGN": align, "VEC": vec, "ROWS": rows,
+            "BLOCK": block, "ITERS": tile.iters, "num_warps": tile.num_warps}
+    return Prepared(device, (n_col_chunks * n_row_blocks, n_entries),
+                    (dev_table, indices, words, stage_offs, n, n_col_chunks), meta, word)
+
+
+def _launch(
+    entries: Sequence[Entry] | EntryTable,
+    indices: torch.Tensor,
+    staging: torch.Tensor,
+    staging_offsets: Sequence[int] | None,
+    check_indices: bool,
+    max_align: int,
+    tiling: Tiling | None,
+    to_staging: bool,
+) -> None:
+    launch = prepare(entries, indices, staging, staging_offsets, check_indices=check_indices,
+                     max_align=max_align, tiling=tiling, to_staging=to_staging)
+    if launch is not None:
+        launch.run()
 
 
 def gather(

@@ -97,6 +97,9 @@ KNOBS = {k.name: k for k in (
          "seen on the same stream replays a CUDA graph instead of Triton's launcher (Note "
          "[Descriptor-copy graphs] in runtime/descriptor_copy.py); 0: every launch through "
          "Triton"),
+    Knob("staging_graphs", 1, "0/1", "1: the staged path's copy-kernel launches of one "
+         "gather or scatter whose shape ran before on the same stream replay as one CUDA graph "
+         "(Note [Staging graphs] in runtime/staging_graphs.py); 0: every launch through Triton"),
     Knob("staging_copies", "auto", "auto/torch/kernels", "how the staged path copies on "
          "device pools (pools.TensorPools): kernels = one copy-kernel launch per component "
          "and run of items, torch = one indexing op per staging block; auto = kernels on "

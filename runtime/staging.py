@@ -300,15 +300,17 @@ class _Group:
     total_bytes: np.ndarray  # int64 [blocks]: bytes per item of each block
     unit_bytes: int  # bytes per item of all the group's blocks together
     dense_at: int  # region offset of the kernels' dense layout, or -1 (Note [Staging layout])
+    prefix: np.ndarray  # int64 [blocks]: the dense layout's offsets per item, bytes
 
 
 class Launches:
     """One-launch gathers and scatters with the copy kernels (runtime/copy_kernels.py) for
     device pools: every staging block of one component and one run of items moves in a single
     launch instead of one torch op per block. The kernels' packed layout (entry e's item j at
-    `staging_offsets[e] + j * packed_bytes`) is Note [Staging layout] with the blocks' offsets;
-    when a component's blocks follow each other in the region and the run covers all its
-    items, that is the kernels' dense layout and the launch needs no offsets at all.
+    `staging_offsets[e] + j * packed_bytes`) is Note [Staging layout] with the blocks' offsets
+    (for a component whose blocks follow each other in the region, the kernels' dense layout
+    at the first block's offset). The launches of one call replay as a CUDA graph when its
+    shape ran before (Note [Staging graphs], runtime/staging_graphs.py).
 
     Programs (Note [Staging programs]) are built once per blocks tuple, side and layer set and
     kept, at most `limit` of them (streaming asks for one set per layer)."""
@@ -321,14 +323,14 @@ class Launches:
         self.limit = limit
         self.tables: OrderedDict = OrderedDict()  # key -> (blocks, {component: _Group})
         self._lock = threading.Lock()
+        from .staging_graphs import LaunchGraphs
 
-    def _copy(self, direction: str, comp: str, *args, **kw) -> None:
+        self.graphs = LaunchGraphs()
+
+    def _max_align(self, comp: str) -> int:
         if self.kernels is not None and comp in self.kernels.ALIGN:
-            getattr(self.kernels, direction)(comp, *args, **kw)
-            return
-        from . import copy_kernels as K
-
-        getattr(K, direction)(*args, **kw)
+            return self.kernels.ALIGN[comp]
+        return 16
 
     def _groups(self, side: str, link: Link, blocks: tuple[Block, ...], view, layers):
         key = (side, id(blocks), None if layers is None else tuple(sorted(layers)))
@@ -359,7 +361,8 @@ class Launches:
             dense = bool(np.array_equal(offsets - offsets[0],
                                         items * np.asarray(table.prefix_bytes, np.int64)))
             groups[comp] = _Group(comp, table, int(min(capacities)), items, offsets, total,
-                                  int(total.sum()), int(offsets[0]) if dense else -1)
+                                  int(total.sum()), int(offsets[0]) if dense else -1,
+                                  np.asarray(table.prefix_bytes, np.int64))
         with self._lock:
             self.tables[key] = (blocks, groups)
             while len(self.tables) > self.limit:
@@ -370,16 +373,17 @@ class Launches:
                      layers, out) -> tuple[np.ndarray, np.ndarray]:
         """Pack a chunk's items (`positions`: chunk_positions) of the link's blocks into the
         gather buffer `out`; returns the (offsets, bytes) of the region it filled."""
-        offs, lens = [], []
-        for comp, g in self._groups("src", link, blocks, view, layers).items():
+        offs, lens, runs = [], [], []
+        groups = self._groups("src", link, blocks, view, layers)
+        for comp, g in groups.items():
             if comp not in positions:
                 continue
             src, j = positions[comp]
             if not len(j):
                 continue
-            starts, _, runs = contiguous_runs(j, j)
+            starts, _, counts = contiguous_runs(j, j)
             at = 0
-            for j0, n in zip(starts.tolist(), runs.tolist(), strict=True):
+            for j0, n in zip(starts.tolist(), counts.tolist(), strict=True):
                 ids = src[at:at + n]
                 at += n
                 if j0 + n > g.items:
@@ -387,17 +391,16 @@ class Launches:
                                       f"{g.items} items decode asked for")
                 check_capacity(ids, g.capacity, f"prefill '{comp}'")
                 if g.dense_at >= 0 and j0 == 0 and n == g.items:
-                    self._copy("gather", comp, g.table, _index(out, ids),
-                               out[g.dense_at:g.dense_at + n * g.unit_bytes],
-                               check_indices=False)
                     offs.append(np.array([g.dense_at], np.int64))
                     lens.append(np.array([n * g.unit_bytes], np.int64))
+                    runs.append((g, ids, g.dense_at + n * g.prefix))
                     continue
                 at_bytes = g.offsets + j0 * g.total_bytes
-                self._copy("gather", comp, g.table, _index(out, ids), out,
-                           check_indices=False, staging_offsets=at_bytes.tolist())
                 offs.append(at_bytes)
                 lens.append(n * g.total_bytes)
+                runs.append((g, ids, at_bytes))
+        self._launch(("src", id(blocks), None if layers is None else tuple(sorted(layers))),
+                     blocks, runs, out, True)
         if not offs:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         return np.concatenate(offs), np.concatenate(lens)
@@ -406,15 +409,49 @@ class Launches:
                      ids: dict[str, np.ndarray], region) -> None:
         """Every item of every block from a link's staging region into the pools (`ids`:
         target_ids, decode item ids per component)."""
+        runs = []
         for comp, g in self._groups("dst", link, blocks, view, None).items():
             got = ids[comp]
             check_capacity(got, g.capacity, f"decode '{comp}'")
-            if not len(got):
-                continue
-            if g.dense_at >= 0:
-                self._copy("scatter", comp, g.table, _index(region, got),
-                           region[g.dense_at:g.dense_at + g.items * g.unit_bytes],
-                           check_indices=False)
-            else:
-                self._copy("scatter", comp, g.table, _index(region, got), region,
-                           check_indices=False, staging_offsets=g.offsets.tolist())
+            if len(got):
+                at = g.dense_at + g.items * g.prefix if g.dense_at >= 0 else g.offsets
+                runs.append((g, got, at))
+        self._launch(("dst", id(blocks)), blocks, runs, region, False)
+
+    def _launch(self, key: tuple, blocks, runs, staging_buf, to_staging: bool) -> None:
+        """One launch per (group, ids, staging offsets in `staging_buf`, bytes) of `runs`, all
+        reading their ids and offsets from one buffer and addressing the staging buffer's base
+        tensor (Note [Staging graphs])."""
+        if not runs:
+            return
+        from . import copy_kernels as K
+
+        base = staging_buf if staging_buf._base is None else staging_buf._base
+        if base.dim() != 1 or base.dtype != staging_buf.dtype or not base.is_contiguous():
+            base = staging_buf
+        rel = staging_buf.data_ptr() - base.data_ptr()
+        shape, ids_parts, offs_parts, offs_bytes = [], [], [], []
+        for g, ids, at in runs:
+            at = np.asarray(at, np.int64) + rel
+            align = K.launch_alignment(g.table, base, at, self._max_align(g.component))
+            shape.append((g.component, len(ids), align))
+            ids_parts.append(np.asarray(ids, np.int64))
+            offs_parts.append(at // min(align, 4))
+            offs_bytes.append(at)
+        values = np.concatenate(ids_parts + offs_parts)
+        total_ids = sum(len(p) for p in ids_parts)
+
+        def build(dev):
+            launches, i, o = [], 0, total_ids
+            for (g, ids, _), at in zip(runs, offs_bytes, strict=True):
+                n, e = len(ids), len(at)
+                launch = K.prepare(g.table, dev[i:i + n], base, at.tolist(), check_indices=False,
+                                   max_align=self._max_align(g.component),
+                                   to_staging=to_staging, offsets_words=dev[o:o + e])
+                i, o = i + n, o + e
+                if launch is not None:
+                    launches.append(launch)
+            return launches
+
+        self.graphs.run((*key, base.data_ptr(), base.numel(), tuple(shape)), blocks, values,
+                        base.device, build)

@@ -145,7 +145,10 @@ def _prefill(conn, engine: str, tmp: str, metadata_device: str) -> None:
         fam, plan, pools, eng, bufs = _bind(tmp, 11, engine, "prefill", metadata_device)
         ep = PrefillEndpoint(fam.layout, fam.wire, plan, RankId(0, 0), 0, eng, pools, boot)
         conn.send(("ready", fam.device, eng.transport().describe(), registered_kinds(eng)))
-        conn.recv()  # decode's receiver is waiting
+        if conn.recv() != "go":  # the parent failed before its receiver was ready
+            ep.close()
+            eng.close()
+            return
         sender = ep.sender(ROOM)
         sender.send(SRC_PAGES[:3], 0, False, 3 * PAGE)
         sender.send(SRC_PAGES[3:], 3, True, len(SRC_PAGES) * PAGE - 5, aux_row=SRC_ROW)

@@ -188,10 +188,10 @@ def test_alignment_selection():
     table = EntryTable([Entry(pool, kv_geometry(4, 4, 8, 2, 1, 2))])  # 16-byte pieces
     staging = torch.zeros(512, dtype=torch.uint8)
     assert table.alignment == 16
-    assert ck._launch_alignment(table, staging, None, 16) == 16
-    assert ck._launch_alignment(table, staging, None, 4) == 4
-    assert ck._launch_alignment(table, staging[1:], None, 16) == 1
-    assert ck._launch_alignment(table, staging, [8], 16) == 8
+    assert ck.launch_alignment(table, staging, None, 16) == 16
+    assert ck.launch_alignment(table, staging, None, 4) == 4
+    assert ck.launch_alignment(table, staging[1:], None, 16) == 1
+    assert ck.launch_alignment(table, staging, [8], 16) == 8
     odd = EntryTable([Entry(pool, SegmentSpec(3, 6, 2, 10, 64))])
     assert odd.alignment == 1
 

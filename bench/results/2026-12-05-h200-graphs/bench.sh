@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Device call 2: bench/endpoints_processes.py over cuda_ipc, 8K and 1K, staged and direct,
+# before (main without Note [Staging graphs]) and after, alternating twice; then one traced
+# run per tree (bench/endpoint_trace.py) for the host time of the gather and scatter calls.
+# Carried: build/gpurun/{pkg,tree,before}.
+set -u
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+source "$(dirname "${BASH_SOURCE[0]}")/../2026-12-05-h200-batch/unpack.sh"
+shim() { d=$(mktemp -d); mkdir -p "$d/pdc"; cp -r "$1"/pdc/. "$d/pdc/"
+  for s in runtime compiler generated integrations; do ln -sfn "$1/$s" "$d/pdc/$s"; done; echo "$d"; }
+AFTER=$(shim "$T"); BEFORE=$(shim "$B/before")
+{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; nproc; uptime; } > "$OUT/env.txt" 2>&1
+cd "$T"
+for round in 1 2; do
+  for tree in before after; do
+    if [ $tree = before ]; then P=$BEFORE; else P=$AFTER; fi
+    PYTHONPATH="$P:/tmp/site" timeout 100 python3 bench/endpoints_processes.py --engines cuda_ipc \
+      --tokens-list 8192,1024 --reps "${REPS:-15}" --json "$OUT/$tree-$round.json" > "$OUT/$tree-$round.log" 2>&1
+    echo "$tree $round exit $? $(date -u +%T)" | tee -a "$OUT/steps.txt"; uptime >> "$OUT/load.txt"
+  done
+done
+for tree in before after; do
+  if [ $tree = before ]; then P=$BEFORE; else P=$AFTER; fi
+  mkdir -p "$OUT/trace-$tree"
+  PYTHONPATH="$P:/tmp/site" TRACE_OUT="$OUT/trace-$tree/t" TRACE_ENGINE_CLS=pdc.runtime.engines.cuda_ipc.CudaIpcEngine \
+    timeout 90 python3 "$T/bench/endpoint_trace.py" python3 bench/endpoints_processes.py --engines cuda_ipc \
+    --tokens-list 8192 --cases tp2-tp1-staged --reps 8 --json "$OUT/traced-$tree.json" > "$OUT/traced-$tree.log" 2>&1
+  echo "trace $tree exit $? $(date -u +%T)" | tee -a "$OUT/steps.txt"
+  PYTHONPATH="$P:/tmp/site" python3 "$T/bench/endpoint_trace.py" --show "$OUT/trace-$tree/t" --reps 8 --cases staged-8K > "$OUT/trace-$tree.txt" 2>&1
+  cat "$OUT/trace-$tree.txt" | head -40
+done
+for f in "$OUT"/*-[12].log; do echo "== $f"; grep -E "staged|direct" "$f" | tail -6; done

@@ -1,0 +1,127 @@
+"""The staged path's copy-kernel launches of one request, replayed as one CUDA graph.
+
+Note [Staging graphs]: Triton's Python launcher costs 150-220 µs of host time per launch on the
+H200 box (BENCHMARKS.md (m)), and an 8K Llama-70B link's gather or scatter is one launch per
+component and run of items, 0.8-1.3 ms of host time per link in the traces of (p). A launch's
+arguments split into what a request shape fixes (entry tables, grid, word size, the staging
+buffer) and what each request brings (the item ids and the staging offsets). The launches of
+one call (`staging.Launches.gather_chunk` or `scatter_link`) therefore read the ids and the
+offsets from one device buffer, filled by one host-to-device copy, and the staging buffer is
+always the whole arena (a request's region is an offset into it, not a pointer of its own), so
+that requests of one shape at any place in the arena share a graph. A shape's first call runs
+through Triton (compiling the kernels if needed), its second is captured after it runs, later
+ones copy the buffer and replay: two calls on the launching stream, which also orders an
+earlier replay's reads of the buffer before the copy that overwrites it. Graphs are kept per
+`Launches` (one per endpoint, whose arena and pools they point into), the least recently used
+dropped beyond `GRAPH_CACHE`; the `staging_graphs` knob (0) turns them off.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from . import knobs
+
+GRAPH_CACHE = 64
+
+
+@dataclass
+class _Graph:
+    values: torch.Tensor  # int64 device buffer the graph's launches read
+    graph: torch.cuda.CUDAGraph
+    launches: list  # copy_kernels.Prepared: keeps the tensors the graph points at alive
+    anchor: object  # what the key names by id() (the link's blocks): alive as long as this
+
+
+class LaunchGraphs:
+    """Runs the launches of one call of `staging.Launches`, replaying them as a CUDA graph
+    when the same call shape ran before on the same stream (Note [Staging graphs])."""
+
+    def __init__(self, limit: int = GRAPH_CACHE):
+        self.limit = limit
+        self._graphs: OrderedDict[tuple, _Graph] = OrderedDict()
+        self._seen: OrderedDict[tuple, None] = OrderedDict()  # launched once, not captured
+        self._lock = threading.Lock()
+        self.stats = {"launched": 0, "captured": 0, "replayed": 0, "capture_errors": 0}
+        self.last_capture_error = ""
+
+    def run(self, key: tuple, anchor: object, values: np.ndarray, device: torch.device,
+            build: Callable[[torch.Tensor], list]) -> None:
+        """Queue the launches that `build(values on the device)` prepares (copy_kernels.Prepared),
+        on `device`'s current stream. `key` fixes everything but the values; `anchor` is the
+        object the key names by id()."""
+        if device.type != "cuda":
+            for launch in build(torch.from_numpy(values)):
+                launch.run()
+            self.stats["launched"] += 1
+            return
+        with torch.cuda.device(device):
+            self._run_cuda(key, anchor, values, device, build)
+
+    def _run_cuda(self, key, anchor, values, device, build) -> None:
+        stream = torch.cuda.current_stream(device)
+        key = (device.index, stream.cuda_stream, *key)
+        got, capture = None, False
+        if knobs.get("staging_graphs"):
+            with self._lock:
+                got = self._graphs.get(key)
+                if got is not None and got.anchor is anchor:
+                    self._graphs.move_to_end(key)
+                elif key in self._seen:
+                    got = None
+                    del self._seen[key]
+                    capture = True
+                else:
+                    got = None
+                    self._seen[key] = None
+                    while len(self._seen) > self.limit:
+                        self._seen.popitem(last=False)
+        # torch's pinned-memory cache keeps the block until the copy below has read it
+        host = torch.empty(len(values), dtype=torch.int64, pin_memory=True)
+        host.numpy()[:] = values
+        if got is not None:
+            with self._lock:  # two threads on one stream must not interleave copy and replay
+                got.values.copy_(host, non_blocking=True)
+                got.graph.replay()
+                self.stats["replayed"] += 1
+            return
+        dev = torch.empty(len(values), dtype=torch.int64, device=device)
+        dev.copy_(host, non_blocking=True)
+        launches = build(dev)
+        for launch in launches:
+            launch.run()
+        self.stats["launched"] += 1
+        if capture:
+            self._capture(key, anchor, dev, launches, stream, device)
+
+    def _capture(self, key, anchor, dev, launches, stream, device) -> None:
+        # On a side stream (a stream being captured may not be the legacy default), after the
+        # launches above compiled the kernels; the capture itself runs nothing.
+        graph = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream(device)
+        side.wait_stream(stream)
+        try:
+            with torch.cuda.stream(side):
+                graph.capture_begin(capture_error_mode="thread_local")
+                try:
+                    for launch in launches:
+                        launch.run()
+                finally:
+                    graph.capture_end()
+        except Exception as exc:  # noqa: BLE001 - a capture that fails costs only the graph
+            self.stats["capture_errors"] += 1
+            self.last_capture_error = repr(exc)
+            return
+        finally:
+            stream.wait_stream(side)
+        with self._lock:
+            self._graphs[key] = _Graph(dev, graph, launches, anchor)
+            self.stats["captured"] += 1
+            while len(self._graphs) > self.limit:
+                self._graphs.popitem(last=False)
