@@ -147,14 +147,14 @@ class RegistrationMismatch(ValueError):
 # in memory of the same kind on the peer (the two sides of a plan mirror each other: host
 # regions to host regions, the GPU's to the peer's GPU). The integrations pick the engine's
 # device from the memory their serving engine's buffers live in (`engine_device`) and refuse
-# buffers on two GPUs, naming one buffer on each and the spec. They also still refuse a rank
-# whose buffers are in both kinds (host and a GPU): the engines' two-kind registrations and
-# split writes are tested with stand-ins for the CUDA driver and the libraries only, and a
-# rank with both kinds moves through them only once tests/integrations/test_sglang_gpu.py's
-# two-kind case has passed on a GPU (docs/sglang.md "GPU memory"). vLLM keeps one worker's
-# caches on its GPU; SGLang keeps its KV pools on the GPU and its metadata buffers (the aux
-# row) on the host unless told otherwise (integrations/sglang/family.py). Engines that move
-# one GPU's memory only (cuda_ipc, the local device engine) register no host memory.
+# buffers on two GPUs, naming one buffer on each and the spec. A rank with buffers in both
+# kinds (host and one GPU) gets an engine for that GPU where the integration says it may
+# (`host_too`): SGLang, which keeps its KV pools on the GPU and its metadata buffers (the aux
+# row) on the host unless told otherwise (integrations/sglang/family.py); its layout moved
+# every byte through both engines between two processes on an H100
+# (tests/integrations/test_sglang_gpu.py, BENCHMARKS.md (q)). vLLM keeps one worker's caches
+# on its GPU, so there both kinds are still refused. Engines that move one GPU's memory only
+# (cuda_ipc, the local device engine) register no host memory.
 
 
 def device_name(t) -> str:
@@ -202,16 +202,18 @@ def engine_device(tensors: Mapping[Any, Any], where: str,
                   owner: str = "vLLM's cache tensors of this worker",
                   hint: str = "pdc registers one worker's cache on one device; run one vLLM "
                               "worker per device",
-                  label=None) -> dict:
+                  label=None, host_too: bool = False) -> dict:
     """make_engine's `device=` for the memory `tensors` live in (Note [Two memory kinds]):
-    nothing for host memory, {"device": "cuda:N"} for one GPU's. Tensors on several devices
-    (host and a GPU count as two: not yet proven on a GPU) are refused: `where` locates the
-    refusal (a spec), `owner` says whose buffers they are, `label(key)`, when given, names the
-    first buffer on each device."""
+    nothing for host memory, {"device": "cuda:N"} for one GPU's, and with `host_too` also for
+    host memory beside one GPU's. Tensors on several devices (host and a GPU count as two
+    unless `host_too`) are refused: `where` locates the refusal (a spec), `owner` says whose
+    buffers they are, `label(key)`, when given, names the first buffer on each device."""
     first: dict[str, Any] = {}
     for key, t in tensors.items():
         first.setdefault(device_name(t), key)
     devices = sorted(first)
+    if host_too and len(devices) == 2 and devices[0] == "cpu":
+        devices = devices[1:]  # the engine for the GPU registers the host regions as host's
     if len(devices) > 1:
         listed = ", ".join(d if label is None else f"{d}: {label(first[d])}" for d in devices)
         raise RegistrationMismatch(f"{where}: error: {owner} are on {len(devices)} devices "

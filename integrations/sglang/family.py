@@ -23,12 +23,11 @@ the host (`disaggregation/utils.py:416`), or on the GPU when
 SGLANG_MOONCAKE_CUSTOM_MEM_POOL=INTRA_NODE_NVLINK (`utils.py:425-426`). KVArgs carries
 addresses only, so the backend asks the CUDA driver where each buffer lives
 (`address_device`) and makes its engine for that memory (Note [Two memory kinds] in
-runtime/pools.py): host memory on a CPU server, the GPU's when every buffer is on it. The
-engines can register both kinds for one rank, but a rank with buffers in both (SGLang's
-default GPU layout) is refused at start, naming one of each, until the two-kind case of
-tests/integrations/test_sglang_gpu.py has passed on a GPU; buffers on two GPUs are refused
-too. Views over device buffers are torch tensors on that GPU, over host buffers on the host
-(`_tensor_over`).
+runtime/pools.py): host memory on a CPU server, the GPU's when any buffer is on it; that
+engine registers each buffer with its own kind, so SGLang's default GPU layout (KV on the
+GPU, metadata on the host) moves as it is (tests/integrations/test_sglang_gpu.py, run on an
+H100). Buffers on two GPUs are refused, naming one on each. Views over device buffers are
+torch tensors on that GPU, over host buffers on the host (`_tensor_over`).
 
 Note [SGLang draft state]: with `--speculative-algorithm EAGLE` (EAGLE3, NEXTN: an alias of
 EAGLE) SGLang's PD servers move the draft model's KV beside the target's: the draft's own pool
@@ -496,26 +495,24 @@ def engine_pools(layout: FamilyLayout, plan: Plan, side: str, rank: RankId,
 
 
 def served_device(layout: FamilyLayout, kv_args, locate=address_device) -> str:
-    """The device of every buffer SGLang registers on this rank, "" for host memory (Note
-    [SGLang memory kinds]); buffers in two kinds of memory or on two GPUs are refused."""
+    """The GPU of the buffers SGLang registers on this rank, "" when all are host memory (Note
+    [SGLang memory kinds]); buffers on two GPUs are refused."""
     regions = [*buffers_of(kv_args, _kv_tensors(layout), layout, locate).values(),
                *state_buffers_of(kv_args, tuple(c for c, _ in _tensors_of(layout, "slot")),
                                  locate, layout).values(),
                *aux_buffers_of(kv_args, locate, layout).values()]
     try:
         chosen = engine_device({r.what: r.device for r in regions}, layout.spec_path,
-                               owner="SGLang's buffers of this rank", hint=MIXED_HINT,
-                               label=str)
+                               owner="SGLang's buffers of this rank", hint=TWO_GPUS_HINT,
+                               label=str, host_too=True)
     except RegistrationMismatch as e:
         raise RefusedModel(f"pdc: {e}") from None
     return str(chosen.get("device", ""))
 
 
-MIXED_HINT = ("pdc's engines register host memory and one GPU's, but a rank with both is "
-              "refused until proven on a GPU (Note [Two memory kinds]); on a GPU SGLang keeps "
-              "its metadata buffers on the host unless "
-              "SGLANG_MOONCAKE_CUSTOM_MEM_POOL=INTRA_NODE_NVLINK, which puts them on the GPU "
-              "beside the KV pools")
+TWO_GPUS_HINT = ("a rank's one transfer engine registers host memory and one GPU's (Note "
+                 "[Two memory kinds]): keep each scheduler's KV pools and metadata buffers on "
+                 "its own GPU or on the host")
 
 
 def _tensors_of(layout: FamilyLayout, index: str) -> tuple[tuple[str, str], ...]:

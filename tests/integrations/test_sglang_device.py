@@ -1,8 +1,8 @@
 """The SGLang backend's engine memory (Note [SGLang memory kinds] in
-integrations/sglang/family.py): host memory on a CPU server, the GPU's when every buffer SGLang
-registers is on it, refused when SGLang keeps KV on a GPU and its metadata on the host (its
-default there, until the engines' two-kind registrations have run on a GPU: Note [Two memory
-kinds]). KVArgs carry addresses only; on this CPU machine the addresses are numpy
+integrations/sglang/family.py): host memory on a CPU server, the GPU's when a buffer SGLang
+registers is on it, also when SGLang keeps KV on a GPU and its metadata on the host (its
+default there; the engine registers each buffer with its own kind: Note [Two memory kinds]),
+refused on two GPUs. KVArgs carry addresses only; on this CPU machine the addresses are numpy
 buffers and `locate` stands in for the CUDA driver's answer (the real one runs in
 tests/integrations/test_sglang_gpu.py on a GPU)."""
 
@@ -39,18 +39,24 @@ def test_buffers_all_on_one_gpu_get_an_engine_for_that_gpu(served):
                           ).engine_kwargs == {"device": "cuda:1"}
 
 
-def test_sglangs_default_gpu_layout_is_refused_naming_a_buffer_of_each_kind(served):
+def test_sglangs_default_gpu_layout_gets_an_engine_for_its_gpu(served):
     fam, args = served
     kv_on_gpu = {a: "cuda:0" for a in args.kv_data_ptrs}  # metadata stays on the host
+    assert F.served_device(fam.layout, args, on(kv_on_gpu)) == "cuda:0"
+
+
+def test_host_metadata_beside_kv_on_two_gpus_is_refused_naming_the_gpus(served):
+    fam, args = served
+    ptrs = args.kv_data_ptrs
+    gpus = {a: "cuda:0" for a in ptrs[:2]} | {a: "cuda:1" for a in ptrs[2:]}
     with pytest.raises(F.RefusedModel) as e:
-        F.served_device(fam.layout, args, on(kv_on_gpu))
+        F.served_device(fam.layout, args, on(gpus))
     assert str(e.value) == (
-        "pdc: specs/sglang-llama.yaml: error: SGLang's buffers of this rank are on 2 devices "
-        "(cpu: SGLang's aux buffer output_ids, cuda:0: SGLang's K buffer of layer 0)\n"
-        "  hint: pdc's engines register host memory and one GPU's, but a rank with both is "
-        "refused until proven on a GPU (Note [Two memory kinds]); on a GPU SGLang keeps its "
-        "metadata buffers on the host unless SGLANG_MOONCAKE_CUSTOM_MEM_POOL=INTRA_NODE_NVLINK, "
-        "which puts them on the GPU beside the KV pools")
+        "pdc: specs/sglang-llama.yaml: error: SGLang's buffers of this rank are on 3 devices "
+        "(cpu: SGLang's aux buffer output_ids, cuda:0: SGLang's K buffer of layer 0, cuda:1: "
+        "SGLang's V buffer of layer 0)\n  hint: a rank's one transfer engine registers host "
+        "memory and one GPU's (Note [Two memory kinds]): keep each scheduler's KV pools and "
+        "metadata buffers on its own GPU or on the host")
 
 
 def test_kv_on_two_gpus_is_refused(served):

@@ -15,7 +15,11 @@ from pdc.runtime.pools import Capacity, TensorPools
 torch = pytest.importorskip("torch")
 
 PAGES = 6
-_GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _gpu(test):
+    skip = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+    return pytest.mark.gpu(skip(test))
 
 
 @pytest.fixture(scope="module")
@@ -101,21 +105,21 @@ def test_scatters_from_regions_anywhere_in_the_arena_on_the_cpu(llama):
     assert launches.graphs.stats["launched"] == 3
 
 
-@_GPU
+@_gpu
 def test_a_gather_shape_seen_before_replays_its_graph(llama):
     launches = _gather_three(*llama, "cuda:0")
     stats = launches.graphs.stats
     assert (stats["launched"], stats["captured"], stats["replayed"]) == (2, 1, 1), stats
 
 
-@_GPU
+@_gpu
 def test_a_scatter_shape_seen_before_replays_its_graph(llama):
     launches = _scatter_three(*llama, "cuda:0")
     stats = launches.graphs.stats
     assert (stats["launched"], stats["captured"], stats["replayed"]) == (2, 1, 1), stats
 
 
-@_GPU
+@_gpu
 def test_with_the_knob_off_every_call_goes_through_triton(llama):
     knobs.override(staging_graphs=0)
     try:

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Device call 2: bench/endpoints_processes.py over cuda_ipc, 8K and 1K, staged and direct,
+# Device call 2: bench/staging_host.py (graphs on/off), tests/integrations/test_sglang_gpu.py,
+# then bench/endpoints_processes.py over cuda_ipc, 8K and 1K, staged and direct,
 # before (main without Note [Staging graphs]) and after, alternating twice; then one traced
 # run per tree (bench/endpoint_trace.py) for the host time of the gather and scatter calls.
 # Carried: build/gpurun/{pkg,tree,before}.
@@ -11,15 +12,24 @@ shim() { d=$(mktemp -d); mkdir -p "$d/pdc"; cp -r "$1"/pdc/. "$d/pdc/"
 AFTER=$(shim "$T"); BEFORE=$(shim "$B/before")
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; nproc; uptime; } > "$OUT/env.txt" 2>&1
 cd "$T"
-for round in 1 2; do
+PYTHONPATH="$AFTER:/tmp/site" timeout 120 python3 bench/staging_host.py --tokens 8192 --reps 20 \
+  --json "$OUT/staging_host.json" > "$OUT/staging_host.txt" 2>&1
+echo "staging_host exit $? $(date -u +%T)" | tee -a "$OUT/steps.txt"; cat "$OUT/staging_host.txt"
+# SGLang's GPU layouts through the backend as it now binds them (default layout accepted)
+(cd /tmp && PYTHONPATH="$AFTER:/tmp/site" timeout 150 python3 -m pytest -q -rA -s --tb=short --timeout 60 \
+  -p no:cacheprovider --import-mode=append --rootdir "$T" "$T/tests/integrations/test_sglang_gpu.py") \
+  > "$OUT/sglang_gpu.txt" 2>&1
+echo "sglang_gpu exit $? $(date -u +%T)" | tee -a "$OUT/steps.txt"
+grep -E "^(PASSED|FAILED|ERROR)|bytes checked|passed|failed" "$OUT/sglang_gpu.txt" | tail -12
+for round in ${ROUNDS:-1 2}; do
   for tree in before after; do
     if [ $tree = before ]; then P=$BEFORE; else P=$AFTER; fi
-    PYTHONPATH="$P:/tmp/site" timeout 100 python3 bench/endpoints_processes.py --engines cuda_ipc \
+    PYTHONPATH="$P:/tmp/site" timeout 150 python3 bench/endpoints_processes.py --engines cuda_ipc \
       --tokens-list 8192,1024 --reps "${REPS:-15}" --json "$OUT/$tree-$round.json" > "$OUT/$tree-$round.log" 2>&1
     echo "$tree $round exit $? $(date -u +%T)" | tee -a "$OUT/steps.txt"; uptime >> "$OUT/load.txt"
   done
 done
-for tree in before after; do
+for tree in ${TRACES:-before after}; do
   if [ $tree = before ]; then P=$BEFORE; else P=$AFTER; fi
   mkdir -p "$OUT/trace-$tree"
   PYTHONPATH="$P:/tmp/site" TRACE_OUT="$OUT/trace-$tree/t" TRACE_ENGINE_CLS=pdc.runtime.engines.cuda_ipc.CudaIpcEngine \

@@ -1,6 +1,6 @@
 """Note [Two memory kinds] (runtime/pools.py): the engine's memory kind and device come from
-where a rank's buffers live; buffers in two kinds, or on two GPUs, are refused naming one of
-each. CUDA tensors cannot be made on a CPU machine; `engine_device` reads only `.device`, so
+where a rank's buffers live; buffers on two GPUs, or in two kinds where the integration does
+not allow it (`host_too`), are refused naming one of each. CUDA tensors cannot be made on a CPU machine; `engine_device` reads only `.device`, so
 the GPU cases use stand-ins carrying a torch.device (the GPU test is
 tests/integrations/test_sglang_gpu.py). Which kind an engine gives each region it registers
 is test_region_kinds.py's."""
@@ -42,6 +42,17 @@ def test_host_and_gpu_buffers_are_refused_naming_one_of_each():
     assert str(e.value) == (
         "specs/x.yaml: error: the buffers of this rank are on 2 devices (cpu: row, cuda:0: K "
         "of layer 0)\n  hint: one kind per rank")
+
+
+def test_host_beside_one_gpu_makes_an_engine_for_the_gpu_where_allowed():
+    tensors = {"K of layer 0": on("cuda:1"), "row": np.zeros(2)}
+    assert engine_device(tensors, "s.yaml", host_too=True) == {"device": "cuda:1"}
+    assert engine_device({"row": np.zeros(2)}, "s.yaml", host_too=True) == {}
+    with pytest.raises(RegistrationMismatch) as e:
+        engine_device({**tensors, "K of layer 1": on("cuda:0")}, "s.yaml", host_too=True)
+    assert str(e.value).splitlines()[0] == (
+        "s.yaml: error: vLLM's cache tensors of this worker are on 3 devices (cpu, cuda:0, "
+        "cuda:1)")
 
 
 def test_two_gpus_are_refused_with_the_default_words():
