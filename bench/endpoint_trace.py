@@ -63,6 +63,20 @@ def install() -> None:
             _wrap(owner, n, f"{owner.__name__}.{n}")
     _wrap(sg.PrefillStaging, "_gather", "prefill.gather")
     _wrap(sg.DecodeStaging, "_unstage", "decode.unstage")
+    graphs: list = []  # every LaunchGraphs of the process (Note [Staging graphs]), if any
+    try:
+        from pdc.runtime import staging_graphs as gr
+
+        _wrap(gr.LaunchGraphs, "run", "LaunchGraphs.run")
+        init = gr.LaunchGraphs.__init__
+
+        def kept(self, *a, **k):
+            init(self, *a, **k)
+            graphs.append(self)
+
+        gr.LaunchGraphs.__init__ = kept
+    except ImportError:  # a tree from before the graphs
+        pass
     eng = os.environ.get("TRACE_ENGINE_CLS")
     if eng:
         mod, cls = eng.rsplit(".", 1)
@@ -72,6 +86,8 @@ def install() -> None:
         out = os.environ.get("TRACE_OUT", "trace/t")
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(f"{out}.{os.getpid()}.json").write_text(json.dumps(STAMPS))
+        if graphs:
+            Path(f"{out}.{os.getpid()}.graphs").write_text(json.dumps([g.stats for g in graphs]))
 
     atexit.register(dump)
 
@@ -81,6 +97,8 @@ def show(prefix: str, reps: int, cases: list[str]) -> None:
     first, the warm-up, left out)."""
     stamps = sorted((s for f in glob.glob(prefix + ".*.json") for s in json.loads(
         Path(f).read_text())), key=lambda s: s[1])
+    for f in sorted(glob.glob(prefix + ".*.graphs")):
+        print(f"staging graphs of process {f.split('.')[-2]}: {Path(f).read_text()}")
     requests: list[list] = []
     for s in stamps:
         if s[0] == "DecodeReceiver.init":
