@@ -71,10 +71,10 @@ _NO_SPEC_ON_CPU = (
     "cache locations need the CPU sglang-kernel op assign_draft_cache_locs_contiguous_cpu "
     "(kernels/ops/speculative/cache_locs.py:27-30), which has no build")
 # On a GPU: SGLang's CUDA paths (the harness's CPU flags are overridden, the last flag wins),
-# and the metadata buffers on the GPU beside the KV, the one GPU layout pdc's backend accepts
-# (docs/sglang.md, "GPU memory")
+# with SGLang's default memory layout (KV on the GPU, metadata on the host: docs/sglang.md,
+# "GPU memory")
 CUDA_ARGS = ("--device", "cuda", "--attention-backend", "triton")
-CUDA_ENV = {"SGLANG_USE_CPU_ENGINE": "0", "SGLANG_MOONCAKE_CUSTOM_MEM_POOL": "INTRA_NODE_NVLINK"}
+CUDA_ENV = {"SGLANG_USE_CPU_ENGINE": "0"}
 
 
 @dataclass(frozen=True)

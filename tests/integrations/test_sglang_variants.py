@@ -15,8 +15,7 @@ DP2 = ("--dp", "2", "--enable-dp-attention", "--no-enable-tp-lm-head-all-to-all"
 STEPS = ("--speculative-num-steps", "2", "--speculative-eagle-topk", "1",
          "--speculative-num-draft-tokens", "3")
 CUDA = ("--device", "cuda", "--attention-backend", "triton")
-CUDA_ENV = (("SGLANG_USE_CPU_ENGINE", "0"),
-            ("SGLANG_MOONCAKE_CUSTOM_MEM_POOL", "INTRA_NODE_NVLINK"))
+CUDA_ENV = (("SGLANG_USE_CPU_ENGINE", "0"),)
 TORCH_NATIVE = (
     "DP attention's batch padding asks the attention backend for "
     "get_cpu_graph_seq_len_fill_value (model_executor/forward_batch_info.py:2014, "
