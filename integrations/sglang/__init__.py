@@ -10,7 +10,10 @@ pyproject.toml) in every process it starts; no SGLang file is changed. `register
    Manager, Sender, Receiver and bootstrap server (conn.py); every other backend is untouched;
 4. AROUND-hooks `Scheduler.run_batch` and AFTER-hooks `RadixAttention.forward` for per-layer
    and early sends (layerwise.py), which act only on a prefill server of the pdc backend
-   whose knobs ask for them.
+   whose knobs ask for them;
+5. AFTER-hooks prefill's `process_batch_result_disagg_prefill` to stream a request's first
+   token right after its forward when the request asks (first_token.py, Note [SGLang first
+   token from prefill]).
 See docs/sglang.md.
 """
 
@@ -72,6 +75,9 @@ def register() -> None:
         from .layerwise import register_hooks
 
         register_hooks()  # Note [SGLang per-layer sends]
+    from . import first_token
+
+    first_token.register_hooks()  # Note [SGLang first token from prefill]
 
 
 def _cpu_fixes() -> None:

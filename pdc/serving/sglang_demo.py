@@ -86,12 +86,16 @@ def run_alone(python: str, model: str, workdir: str, prompts: list[list[int]],
     return _row(ONE_ENGINE, "-", results, reference, wall, rep, logs, "the first plain server")
 
 
+FIRST_TOKEN = "pdc, first token from prefill"
+
+
 def run_pair(python: str, model: str, workdir: str, backend: str, engine: str,
              prompts: list[list[int]], reference: list[list[int]], new_tokens: int,
              in_flight: int, rep: int = 0, server_args: tuple[str, ...] = (), tp: int = 1,
              env: dict | None = None, label: str = "") -> Row:
     """`tp` ranks per server (`--dp` runs one per attention-DP group), `env` for both;
-    `label` names the row (default: the backend)."""
+    `label` names the row (default: the backend); the FIRST_TOKEN row sends the prompts
+    through pdc's router instead of SGLang's (Note [SGLang first token from prefill])."""
     label = label or backend
     print(f"pdc sglang-demo: starting prefill + decode ({label}/{engine}) and the router ...",
           file=sys.stderr)
@@ -103,19 +107,24 @@ def run_pair(python: str, model: str, workdir: str, backend: str, engine: str,
                           decode_tp=tp, prefill_env=env, decode_env=env)
     _waiting(f"{label}/{engine}: the pair and the router answered after "
              f"{time.monotonic() - t_start:.0f} s")
+    router = pair.first_token_router() if label == FIRST_TOKEN else None
     try:
         before = H.metrics(pair.prefill.url)
         t0 = time.monotonic()
         progress, on_done = _progress(f"{label}/{engine}", len(prompts))
         try:
-            results = H.run_prompts(pair.router.url, prompts, new_tokens, in_flight,
-                                    on_done=on_done)
+            results = H.run_prompts((router or pair.router).url, prompts, new_tokens,
+                                    in_flight, on_done=on_done)
         finally:
             progress.close()
         wall = time.monotonic() - t0
         time.sleep(0.5)  # the prefill scheduler observes its last transfer after replying
         after = H.metrics(pair.prefill.url)
+        if router is not None:
+            _waiting(f"{label}/{engine}: first tokens {router.stats}")
     finally:
+        if router is not None:
+            router.stop()
         pair.stop()
 
     def delta(name: str) -> float:
@@ -241,8 +250,8 @@ def run_demo(prompts: int, engine: str, compare: bool, in_flight: int, new_token
         # (label, backend, engine, extra environment); None: the plain server alone
         backends = [("pdc", "pdc", engine, {})] + [
             (knob_label(k), "pdc", engine, k) for k in knob_rows] + (
-            [("mooncake", "mooncake", "mooncake", {}), (ONE_ENGINE, None, "-", {})]
-            if compare else [])
+            [(FIRST_TOKEN, "pdc", engine, {}), ("mooncake", "mooncake", "mooncake", {}),
+             (ONE_ENGINE, None, "-", {})] if compare else [])
         load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
         rows = []
         for rep in range(repeat):

@@ -558,6 +558,17 @@ class PDPair:
         for s in (self.router, self.decode, self.prefill):
             s.stop()
 
+    def first_token_router(self):
+        """pdc's router for this pair, started (Note [SGLang first token from prefill]): the
+        client's first token comes from prefill. Stop it before the pair."""
+        from urllib.parse import urlsplit
+
+        from .sglang_router import FirstTokenRouter, Prefill
+
+        host = urlsplit(self.prefill.url).hostname or "127.0.0.1"
+        return FirstTokenRouter([Prefill(self.prefill.url, host, self.bootstrap_port)],
+                                [self.decode.url]).start()
+
 
 def start_plain(python: str, model: str, log_dir: str, timeout_s: float = 600.0,
                 extra_args: tuple[str, ...] = (), tp: int = 1, progress=None,

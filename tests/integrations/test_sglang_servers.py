@@ -108,6 +108,22 @@ def test_pd_pair_is_token_identical_to_a_plain_server(pair, reference):
     assert all(len(r.tokens) == NEW_TOKENS for r in results)
 
 
+def test_first_tokens_from_prefill_through_pdcs_router_are_token_identical(pair, reference):
+    """Note [SGLang first token from prefill]: every prompt's first token reaches the client
+    from prefill's stream, and decode's first token equals it (the router checks)."""
+    router = pair.first_token_router()
+    try:
+        results = H.run_prompts(router.url, PROMPTS, NEW_TOKENS, in_flight=4)
+    finally:
+        router.stop()
+    assert [r.error for r in results] == [""] * len(PROMPTS)
+    assert [r.tokens for r in results] == reference
+    stats = router.stats  # decode's token may win a race on a loaded box, never differ
+    assert stats["first_from_prefill"] + stats["first_from_decode"] == len(PROMPTS)
+    assert stats["first_from_prefill"] >= 1
+    assert (stats["mismatches"], stats["errors"]) == (0, 0)
+
+
 def test_prefix_hits_keep_the_tokens_and_layers_leave_during_the_forward(pair, reference):
     """The prompts again: prefill's radix cache now holds them (whole pages, the last one
     recomputed: Note [SGLang swapped pages]), chunked over up to 5 forwards, 4 in flight."""

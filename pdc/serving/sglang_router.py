@@ -1,0 +1,228 @@
+"""A PD router for SGLang servers of the pdc backend that streams the first token from prefill.
+
+Note [SGLang first token from prefill] (integrations/sglang/first_token.py) is the server
+side. Like SGLang's own router, this one sends a `/generate` request to a prefill and a
+decode server at once, both with the same bootstrap host, port and room; a streaming request
+also asks prefill for its first token (`sampling_params.custom_params.pdc_first_token`). The
+client gets whichever first token comes first, normally prefill's, right after prefill's
+forward, then decode's stream from its second token on. Decode's first token must equal the
+one the client got (it is prefill's, moved in the metadata row); a difference ends the stream
+with an error naming both. A request that does not stream gets decode's answer, as from
+SGLang's router. Prefill's stream is read to its end in the background so that prefill
+finishes the request normally. Counts: `stats` (first tokens from prefill, from decode,
+mismatches, errors).
+
+    router = FirstTokenRouter([Prefill(url, "127.0.0.1", bootstrap_port)], [decode_url])
+    router.start(); ...; router.stop()
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import random
+import threading
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+FLAG = "pdc_first_token"  # integrations/sglang/first_token.py reads it
+
+
+@dataclass(frozen=True)
+class Prefill:
+    url: str
+    bootstrap_host: str  # where decode reaches prefill's bootstrap server
+    bootstrap_port: int
+
+
+class FirstTokenRouter:
+    def __init__(self, prefills: list[Prefill], decodes: list[str], host: str = "127.0.0.1",
+                 port: int = 0, timeout_s: float = 600.0):
+        if not prefills or not decodes:
+            raise ValueError("a router needs at least one prefill and one decode server")
+        self.prefills, self.decodes, self.timeout_s = list(prefills), list(decodes), timeout_s
+        self.stats = {"first_from_prefill": 0, "first_from_decode": 0, "mismatches": 0,
+                      "errors": 0}
+        self._lock = threading.Lock()
+        router = self
+
+        class Handler(_Handler):
+            owner = router
+
+        self._server = ThreadingHTTPServer((host, port), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever,
+                                        name="pdc-sglang-router", daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> FirstTokenRouter:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def count(self, key: str) -> None:
+        with self._lock:
+            self.stats[key] += 1
+
+    def bodies(self, body: dict) -> tuple[str, dict, str, dict]:
+        """(prefill url, prefill body, decode url, decode body) of one request."""
+        p, d = random.choice(self.prefills), random.choice(self.decodes)
+        boot = {"bootstrap_host": p.bootstrap_host, "bootstrap_port": p.bootstrap_port,
+                "bootstrap_room": random.getrandbits(63)}
+        to_prefill = {**body, **boot}
+        if body.get("stream"):
+            params = dict(body.get("sampling_params") or {})
+            params["custom_params"] = {**(params.get("custom_params") or {}), FLAG: True}
+            to_prefill["sampling_params"] = params
+        return p.url, to_prefill, d, {**body, **boot}
+
+
+def _post(url: str, body: dict, timeout_s: float):
+    req = urllib.request.Request(url + "/generate", json.dumps(body).encode(),
+                                 {"content-type": "application/json"})
+    return urllib.request.urlopen(req, timeout=timeout_s)
+
+
+def _read_stream(side: str, url: str, body: dict, timeout_s: float, out: queue.Queue) -> None:
+    """Every `data:` message of one server's stream into `out` as (side, message), then
+    (side, None) at its end; an HTTP or network failure as (side, {"error": ...})."""
+    try:
+        with _post(url, body, timeout_s) as r:
+            for raw in r:
+                line = raw.decode(errors="replace").strip()
+                if line.startswith("data:") and line != "data: [DONE]":
+                    out.put((side, json.loads(line[5:])))
+    except urllib.error.HTTPError as e:
+        out.put((side, {"error": {"message": f"{side} answered HTTP {e.code}: "
+                                             f"{e.read().decode(errors='replace')[:300]}"}}))
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        out.put((side, {"error": {"message": f"{side}: {type(e).__name__}: {e}"[:300]}}))
+    out.put((side, None))
+
+
+class _Handler(BaseHTTPRequestHandler):
+    owner: FirstTokenRouter
+
+    def log_message(self, *args) -> None:  # the servers log requests; this stays quiet
+        pass
+
+    def do_GET(self) -> None:
+        ok = self.path in ("/health", "/v1/models")
+        self._reply(200 if ok else 404, {"ok": ok})
+
+    def do_POST(self) -> None:
+        if self.path != "/generate":
+            self._reply(404, {"error": {"message": f"no route {self.path}; use /generate"}})
+            return
+        try:
+            body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
+            if not isinstance(body, dict):
+                raise ValueError("the body is not a JSON object")
+        except ValueError as e:
+            self._reply(400, {"error": {"message": f"bad request body: {e}"}})
+            return
+        if body.get("stream"):
+            self._stream(*self.owner.bodies(body))
+        else:
+            self._whole(*self.owner.bodies(body))
+
+    def _reply(self, status: int, msg: dict) -> None:
+        data = json.dumps(msg).encode()
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _whole(self, p_url: str, p_body: dict, d_url: str, d_body: dict) -> None:
+        sink: queue.Queue = queue.Queue()
+        threading.Thread(target=_drain, args=(p_url, p_body, self.owner.timeout_s, sink),
+                         daemon=True).start()
+        try:
+            with _post(d_url, d_body, self.owner.timeout_s) as r:
+                data, status = r.read(), r.status
+        except urllib.error.HTTPError as e:
+            data, status = e.read(), e.code
+        except (urllib.error.URLError, OSError) as e:
+            self.owner.count("errors")
+            self._reply(502, {"error": {"message": f"decode: {type(e).__name__}: {e}"}})
+            return
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _stream(self, p_url: str, p_body: dict, d_url: str, d_body: dict) -> None:
+        events: queue.Queue = queue.Queue()
+        timeout = self.owner.timeout_s
+        for side, url, body in (("prefill", p_url, p_body), ("decode", d_url, d_body)):
+            threading.Thread(target=_read_stream, args=(side, url, body, timeout, events),
+                             daemon=True).start()
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.end_headers()
+        sent, first = 0, None  # tokens the client has; the first of them
+        try:
+            while True:
+                try:
+                    side, msg = events.get(timeout=timeout)
+                except queue.Empty:
+                    self._send({"error": {"message": f"no answer from prefill or decode "
+                                                     f"within {timeout:.0f} s"}})
+                    self.owner.count("errors")
+                    break
+                if msg is None:
+                    if side == "decode":
+                        break
+                    continue
+                if "error" in msg:
+                    if side == "decode" or sent == 0:
+                        self._send(msg)
+                        self.owner.count("errors")
+                        break
+                    continue  # prefill's late failure: decode's stream says what happened
+                ids = list(msg.get("output_ids") or [])
+                if side == "prefill":
+                    if sent == 0 and ids:  # later prefill messages repeat it, then finish
+                        self._send({**msg, "output_ids": ids[:1]})
+                        sent, first = 1, ids[0]
+                        self.owner.count("first_from_prefill")
+                    continue
+                if first is not None and ids and ids[0] != first:
+                    self.owner.count("mismatches")
+                    self._send({"error": {"message": f"decode's first token {ids[0]} is not "
+                                                     f"prefill's {first}"}})
+                    break
+                finish = (msg.get("meta_info") or {}).get("finish_reason")
+                if len(ids) > sent or finish:
+                    if sent == 0 and ids:
+                        first = ids[0]
+                        self.owner.count("first_from_decode")
+                    self._send(msg)
+                    sent = max(sent, len(ids))
+            self.wfile.write(b"data: [DONE]\n\n")
+        except (BrokenPipeError, ConnectionResetError):  # the client hung up
+            pass
+
+    def _send(self, msg: dict) -> None:
+        self.wfile.write(b"data: " + json.dumps(msg).encode() + b"\n\n")
+        self.wfile.flush()
+
+
+def _drain(url: str, body: dict, timeout_s: float, sink: queue.Queue) -> None:
+    """Read a server's answer to its end (prefill finishes the request only then)."""
+    try:
+        with _post(url, body, timeout_s) as r:
+            r.read()
+    except (urllib.error.URLError, OSError) as e:
+        sink.put(str(e))

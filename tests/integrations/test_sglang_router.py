@@ -1,0 +1,148 @@
+"""pdc's SGLang router (pdc/serving/sglang_router.py, Note [SGLang first token from prefill])
+against stand-in servers that answer `/generate` as SGLang's do (a unit test: the real
+servers' case is in test_sglang_servers.py), and the prefill hook's choice of requests
+(integrations/sglang/first_token.py)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
+
+import pytest
+from pdc.integrations.sglang import first_token as FT
+
+from pdc.serving import sglang_harness as H
+from pdc.serving.sglang_router import FirstTokenRouter, Prefill
+
+
+class Fake:
+    """A stand-in server: streams `chunks` (cumulative output_ids), `delay_s` before the
+    first; records the bodies it got."""
+
+    def __init__(self, chunks, delay_s=0.0, status=200):
+        self.chunks, self.delay_s, self.status, self.bodies = chunks, delay_s, status, []
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                fake.bodies.append(body)
+                if fake.status != 200:
+                    self.send_response(fake.status)
+                    self.end_headers()
+                    self.wfile.write(b"overloaded")
+                    return
+                time.sleep(fake.delay_s)
+                self.send_response(200)
+                self.end_headers()
+                if not body.get("stream"):
+                    self.wfile.write(json.dumps({"output_ids": fake.chunks[-1]}).encode())
+                    return
+                for i, ids in enumerate(fake.chunks):
+                    done = {"type": "length"} if i == len(fake.chunks) - 1 else None
+                    msg = {"output_ids": ids, "meta_info": {"finish_reason": done}}
+                    self.wfile.write(b"data: " + json.dumps(msg).encode() + b"\n\n")
+                    self.wfile.flush()
+                self.wfile.write(b"data: [DONE]\n\n")
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def pair(request):
+    prefill_chunks, decode_chunks, decode_delay = request.param
+    p, d = Fake(prefill_chunks), Fake(decode_chunks, delay_s=decode_delay)
+    router = FirstTokenRouter([Prefill(p.url, "10.1.2.3", 8998)], [d.url]).start()
+    yield router, p, d
+    router.stop()
+    p.close()
+    d.close()
+
+
+@pytest.mark.parametrize("pair", [([[7], [7]], [[7], [7, 8], [7, 8, 9]], 0.3)], indirect=True)
+def test_the_client_gets_prefills_first_token_then_decodes_rest(pair):
+    router, p, d = pair
+    res = H.generate(router.url, [1, 2, 3], 3)
+    assert (res.error, res.tokens) == ("", [7, 8, 9])
+    assert res.ttft_s < 0.25  # prefill's token, before decode's first chunk (0.3 s)
+    assert router.stats == {"first_from_prefill": 1, "first_from_decode": 0, "mismatches": 0,
+                            "errors": 0}
+    (pb,), (db,) = p.bodies, d.bodies
+    assert pb["sampling_params"]["custom_params"] == {"pdc_first_token": True}
+    assert "custom_params" not in db["sampling_params"]
+    boot = {k: pb[k] for k in ("bootstrap_host", "bootstrap_port", "bootstrap_room")}
+    assert boot == {k: db[k] for k in boot} and boot["bootstrap_host"] == "10.1.2.3"
+
+
+@pytest.mark.parametrize("pair", [([[7], [7]], [[5], [5, 8]], 0.1)], indirect=True)
+def test_a_decode_first_token_unlike_prefills_ends_the_stream_with_an_error(pair):
+    router, _, _ = pair
+    res = H.generate(router.url, [1, 2, 3], 2)
+    assert res.error == "{'message': \"decode's first token 5 is not prefill's 7\"}"
+    assert router.stats["mismatches"] == 1
+
+
+@pytest.mark.parametrize("pair", [([[7]], [[7], [7, 8]], 0.0)], indirect=True)
+def test_a_request_that_does_not_stream_gets_decodes_answer(pair):
+    router, p, _ = pair
+    import urllib.request
+
+    req = urllib.request.Request(router.url + "/generate", json.dumps(
+        {"input_ids": [1], "sampling_params": {"max_new_tokens": 2}}).encode(),
+        {"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert json.loads(r.read()) == {"output_ids": [7, 8]}
+    time.sleep(0.2)
+    assert "custom_params" not in p.bodies[0]["sampling_params"]
+
+
+def test_a_failing_decode_is_the_clients_error():
+    p, d = Fake([[7], [7]]), Fake([], status=503)
+    router = FirstTokenRouter([Prefill(p.url, "127.0.0.1", 1)], [d.url]).start()
+    try:
+        res = H.generate(router.url, [1], 2)
+    finally:
+        router.stop()
+        p.close()
+        d.close()
+    assert res.tokens == [7]
+    assert res.error == "{'message': 'decode answered HTTP 503: overloaded'}"
+    assert router.stats["errors"] == 1
+
+
+def _req(params, stream=True, logprob=False, out=(7,), finished=False):
+    return SimpleNamespace(sampling_params=SimpleNamespace(custom_params=params), stream=stream,
+                           return_logprob=logprob, output_ids=list(out), send_token_offset=0,
+                           finished=lambda: finished)
+
+
+def test_the_hook_streams_only_requests_that_asked_and_can():
+    ask = {"pdc_first_token": True}
+    assert FT.wants_first_token(_req(ask))
+    assert not FT.wants_first_token(_req(None))
+    assert not FT.wants_first_token(_req(ask, stream=False))
+    assert not FT.wants_first_token(_req(ask, logprob=True))
+    assert not FT.wants_first_token(_req(ask, out=()))  # an earlier chunk: no token yet
+    assert not FT.wants_first_token(_req(ask, finished=True))
+    streamed = []
+    sched = SimpleNamespace(transfer_backend=SimpleNamespace(value="pdc"),
+                            output_streamer=SimpleNamespace(
+                                stream_output=lambda reqs, lp: streamed.append(reqs)))
+    batch = SimpleNamespace(reqs=[_req(ask), _req(None)])
+    assert FT.after_prefill_result(None, sched, batch, None) is None
+    assert streamed == [[batch.reqs[0]]]
+    sched.transfer_backend = SimpleNamespace(value="mooncake")
+    FT.after_prefill_result(None, sched, batch, None)
+    assert len(streamed) == 1  # another backend's prefill is left alone
