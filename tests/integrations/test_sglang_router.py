@@ -33,12 +33,12 @@ class Fake:
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["content-length"])))
                 fake.bodies.append(body)
+                time.sleep(fake.delay_s)
                 if fake.status != 200:
                     self.send_response(fake.status)
                     self.end_headers()
                     self.wfile.write(b"overloaded")
                     return
-                time.sleep(fake.delay_s)
                 self.send_response(200)
                 self.end_headers()
                 if not body.get("stream"):
@@ -109,7 +109,7 @@ def test_a_request_that_does_not_stream_gets_decodes_answer(pair):
 
 
 def test_a_failing_decode_is_the_clients_error():
-    p, d = Fake([[7], [7]]), Fake([], status=503)
+    p, d = Fake([[7], [7]]), Fake([], delay_s=0.3, status=503)  # after prefill's token
     router = FirstTokenRouter([Prefill(p.url, "127.0.0.1", 1)], [d.url]).start()
     try:
         res = H.generate(router.url, [1], 2)
