@@ -138,7 +138,8 @@ def cmd_vllm_demo(args: argparse.Namespace) -> int:
     arg("--engine", default="mooncake", choices=["mooncake", "nixl"],
         help="the engine pdc moves the bytes with (default: mooncake over loopback TCP)"),
     arg("--compare", action="store_true",
-        help="also run the prompts through SGLang's own mooncake backend and print both"),
+        help="also run the prompts through pdc's router with the first token from prefill, "
+             "SGLang's own mooncake backend and one plain server, and print them all"),
     arg("--family", default="llama", choices=["llama", "qwen3", "qwen3-next", "deepseek-mla"],
         help="the tiny random-weight model to serve: llama (default) or qwen3 (dense Qwen3; "
              "specs/sglang-llama.yaml serves both), qwen3-next (hybrid Gated DeltaNet + "
@@ -172,8 +173,9 @@ def cmd_sglang_demo(args: argparse.Namespace) -> int:
     and a decode server with `--disaggregation-transfer-backend pdc` behind SGLang's router,
     sends N prompts of mixed lengths (several 64-token chunks, 16-token pages, 4 in flight),
     checks every generated token against the plain server and prints prompts ok/failed, MB
-    moved, transfer ms and TTFT p50/p99. `--compare` adds SGLang's own mooncake backend on the
-    same settings and one plain server alone, with each PD backend's TTFT overhead over it;
+    moved, transfer ms and TTFT p50/p99. `--compare` adds a pdc pair behind pdc's router, which
+    streams the first token from prefill, SGLang's own mooncake backend on the same settings
+    and one plain server alone, with each PD backend's TTFT overhead over it;
     `--pdc-knobs` adds pdc rows with other runtime knobs. `--family qwen3` serves a tiny dense Qwen3 instead of the
     tiny Llama, `qwen3-next` a hybrid Gated DeltaNet model (slot state), `deepseek-mla` an MLA
     model (latent pool). `--dp N` runs N attention-DP groups on every server, the plain one

@@ -5,7 +5,8 @@ then a prefill and a decode server with `--disaggregation-transfer-backend pdc` 
 router, sends N prompts of mixed lengths (several chunked-prefill chunks, 16-token pages,
 `--in-flight` at once), checks every generated token against the reference and prints
 prompts ok/failed, MB moved, transfer ms and TTFT p50/p99. `--compare` runs the same prompts
-through SGLang's own `mooncake` backend on the same settings and through one plain server
+through a pdc pair behind pdc's router (the first token from prefill: Note [SGLang first
+token from prefill]), SGLang's own `mooncake` backend on the same settings and one plain server
 alone, and prints each PD backend's TTFT overhead over that server. `--pdc-knobs` adds pdc rows
 with other runtime knobs (Note [Knob rows]).
 """
