@@ -144,8 +144,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def _whole(self, p_url: str, p_body: dict, d_url: str, d_body: dict) -> None:
-        sink: queue.Queue = queue.Queue()
-        threading.Thread(target=_drain, args=(p_url, p_body, self.owner.timeout_s, sink),
+        threading.Thread(target=_drain, args=(p_url, p_body, self.owner.timeout_s),
                          daemon=True).start()
         try:
             with _post(d_url, d_body, self.owner.timeout_s) as r:
@@ -219,10 +218,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
 
-def _drain(url: str, body: dict, timeout_s: float, sink: queue.Queue) -> None:
-    """Read a server's answer to its end (prefill finishes the request only then)."""
+def _drain(url: str, body: dict, timeout_s: float) -> None:
+    """Read prefill's answer to its end (prefill finishes the request only then). Its
+    failure reaches the client through decode's answer (no KV, no tokens)."""
     try:
         with _post(url, body, timeout_s) as r:
             r.read()
-    except (urllib.error.URLError, OSError) as e:
-        sink.put(str(e))
+    except (urllib.error.URLError, OSError):
+        pass
