@@ -163,8 +163,25 @@ def _launch_cuda(host: torch.Tensor, n: int, word: int, grid, meta: dict, warps:
     _compiled[grid](table, anchor, n, **meta, num_warps=warps)
     if not capture:
         return
-    # Capture on a side stream (a stream being captured may not be the legacy default), after
-    # the launch above compiled the kernel; the capture itself runs nothing.
+    try:  # after the launch above compiled the kernel
+        graph = capture_graph(
+            lambda: _compiled[grid](table, anchor, n, **meta, num_warps=warps), stream, device)
+    except Exception as exc:  # noqa: BLE001 - a capture that fails costs only the graph
+        # The launch above is queued either way; this shape keeps Triton's launcher.
+        graph_stats["capture_errors"] = graph_stats.get("capture_errors", 0) + 1
+        graph_stats["last_capture_error"] = repr(exc)
+        return
+    with _GRAPH_LOCK:
+        _graphs[key] = (table, graph)  # the table buffer is the graph's from now on
+        graph_stats["captured"] += 1
+        while len(_graphs) > GRAPH_CACHE:
+            _graphs.popitem(last=False)
+
+
+def capture_graph(run, stream, device: torch.device) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of the launches `run()` makes, captured on a side stream (a stream being
+    captured may not be the legacy default) ordered after `stream`; the capture runs nothing.
+    Raises what the capture raised (staging_graphs.py uses it too)."""
     graph = torch.cuda.CUDAGraph()
     side = torch.cuda.Stream(device)
     side.wait_stream(stream)
@@ -172,18 +189,9 @@ def _launch_cuda(host: torch.Tensor, n: int, word: int, grid, meta: dict, warps:
         with torch.cuda.stream(side):
             graph.capture_begin(capture_error_mode="thread_local")
             try:
-                _compiled[grid](table, anchor, n, **meta, num_warps=warps)
+                run()
             finally:
                 graph.capture_end()
-    except Exception as exc:  # noqa: BLE001 - a capture that fails costs only the graph
-        # The launch above is queued either way; this shape keeps Triton's launcher.
-        graph_stats["capture_errors"] = graph_stats.get("capture_errors", 0) + 1
-        graph_stats["last_capture_error"] = repr(exc)
-        return
     finally:
         stream.wait_stream(side)
-    with _GRAPH_LOCK:
-        _graphs[key] = (table, graph)  # the table buffer is the graph's from now on
-        graph_stats["captured"] += 1
-        while len(_graphs) > GRAPH_CACHE:
-            _graphs.popitem(last=False)
+    return graph

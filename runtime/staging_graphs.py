@@ -101,25 +101,18 @@ class LaunchGraphs:
             self._capture(key, anchor, dev, launches, stream, device)
 
     def _capture(self, key, anchor, dev, launches, stream, device) -> None:
-        # On a side stream (a stream being captured may not be the legacy default), after the
-        # launches above compiled the kernels; the capture itself runs nothing.
-        graph = torch.cuda.CUDAGraph()
-        side = torch.cuda.Stream(device)
-        side.wait_stream(stream)
-        try:
-            with torch.cuda.stream(side):
-                graph.capture_begin(capture_error_mode="thread_local")
-                try:
-                    for launch in launches:
-                        launch.run()
-                finally:
-                    graph.capture_end()
+        from .descriptor_copy import capture_graph
+
+        def run() -> None:
+            for launch in launches:
+                launch.run()
+
+        try:  # after the launches above compiled the kernels
+            graph = capture_graph(run, stream, device)
         except Exception as exc:  # noqa: BLE001 - a capture that fails costs only the graph
             self.stats["capture_errors"] += 1
             self.last_capture_error = repr(exc)
             return
-        finally:
-            stream.wait_stream(side)
         with self._lock:
             self._graphs[key] = _Graph(dev, graph, launches, anchor)
             self.stats["captured"] += 1

@@ -136,7 +136,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._whole(*self.owner.bodies(body))
 
     def _reply(self, status: int, msg: dict) -> None:
-        data = json.dumps(msg).encode()
+        self._reply_bytes(status, json.dumps(msg).encode())
+
+    def _reply_bytes(self, status: int, data: bytes) -> None:
         self.send_response(status)
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(data)))
@@ -155,11 +157,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.owner.count("errors")
             self._reply(502, {"error": {"message": f"decode: {type(e).__name__}: {e}"}})
             return
-        self.send_response(status)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        self._reply_bytes(status, data)
 
     def _stream(self, p_url: str, p_body: dict, d_url: str, d_body: dict) -> None:
         events: queue.Queue = queue.Queue()
