@@ -131,11 +131,11 @@ KNOBS = {k.name: k for k in (
          "queues each batch's pages before the forward and sends each attention layer's "
          "pages as that layer's forward completes, instead of all layers after the forward "
          "(\"lever A\"; paged-KV families without request state, no speculation)"),
-    Knob("sglang_spin_yield_us", 0, "us", "when SGLang's scheduler loop polls a pending "
-         "transfer of the pdc backend again less than a millisecond after its last turn (it "
-         "spins: nothing else to do), the poll sleeps this long once per turn, so the "
-         "transfer's threads get the core (Note [Spinning scheduler] in "
-         "integrations/sglang/conn.py); 0: never"),
+    Knob("sglang_idle_wait_us", 2000, "us", "after a turn of SGLang's scheduler that ran "
+         "nothing while a transfer of the pdc backend is pending, the scheduler waits for a "
+         "request, a state change of a pdc request, or this long, whichever comes first, "
+         "instead of turning again at once (Note [SGLang idle wait] in "
+         "integrations/sglang/idle_wait.py); 0: never waits"),
     Knob("sglang_cached_send", 0, "0/1", "1: an SGLang prefill server of the pdc backend "
          "sends the pages that are final before the forward (its radix-cache hit, earlier "
          "chunks) before the forward starts (\"lever B\"; same families)"),

@@ -13,7 +13,10 @@ pyproject.toml) in every process it starts; no SGLang file is changed. `register
    whose knobs ask for them;
 5. AFTER-hooks prefill's `process_batch_result_disagg_prefill` to stream a request's first
    token right after its forward when the request asks (first_token.py, Note [SGLang first
-   token from prefill]).
+   token from prefill]);
+6. AFTER-hooks `Scheduler.on_idle` so that a turn that ran nothing while a pdc transfer is
+   pending waits for the next event instead of turning again (idle_wait.py, Note [SGLang
+   idle wait]).
 See docs/sglang.md.
 """
 
@@ -78,6 +81,10 @@ def register() -> None:
     from . import first_token
 
     first_token.register_hooks()  # Note [SGLang first token from prefill]
+    if knobs.get("sglang_idle_wait_us") > 0:
+        from . import idle_wait
+
+        idle_wait.register_hooks()  # Note [SGLang idle wait]
 
 
 def _cpu_fixes() -> None:

@@ -87,12 +87,12 @@ from .family import (
 from .faults import apply as apply_faults
 from .faults import apply_slot as apply_slot_fault
 from .faults import apply_window as apply_window_fault
+from .idle_wait import Signal
 from .layerwise import SendsAhead
 from .layerwise import setup as layerwise_setup
 from .qsa import ring_slot, state_pages_error
 from .regions import mamba_slot as _slot
 from .settings import DECODE_ENV, bootstrap_host, bootstrap_zmq, engine_name, parse_side
-from .spin import SpinGate
 from .swa import window_pages
 
 logger = logging.getLogger(__name__)
@@ -101,7 +101,6 @@ OPEN_WAIT_S = 0.25  # try_ensure_parallel_info waits this long for an endpoint t
 
 # pdc's KVPoll is numbered in progress order, SGLang's puts Failed at 0: map by name.
 _POLL = {s: getattr(KVPoll, s.name) for s in PdcPoll}
-_DONE = (KVPoll.Success, KVPoll.Failed)
 
 
 class PdcTransferError(Exception):
@@ -175,7 +174,7 @@ class PdcKVManager(BaseKVManager):
         self.prefill_info_table: dict[str, _PrefillServerInfo] = {}
         self.failures = 0
         self.quarantined = 0
-        self.spin = SpinGate()  # Note [Spinning scheduler]
+        self.changed = Signal()  # a request's state changed (Note [SGLang idle wait])
         if self.mode == DisaggregationMode.PREFILL:
             decode = {"tp": self.tp, "pp": 1, "dp": self.dp}
             decode.update(parse_side(os.environ.get(DECODE_ENV, ""), DECODE_ENV))
@@ -233,8 +232,10 @@ class PdcKVManager(BaseKVManager):
             self.endpoint_error = f"the prefill endpoint did not open: {e}"
             logger.error("pdc: %s", self.endpoint_error)
             return
+        ep.on_change = self.changed.set  # Note [State-change signal]
         with self.lock:
             self.endpoint = ep
+        self.changed.set()  # senders waiting for the endpoint may attach now
 
     def register_to_bootstrap(self):
         """The prefill endpoint registers itself once the table answers (_open_prefill)."""
@@ -297,13 +298,16 @@ class PdcKVManager(BaseKVManager):
                 self.prefill_info_table[bootstrap_addr] = _PrefillServerInfo(1)
                 self.opening.pop(bootstrap_addr, None)
             opened.set()
+            self.changed.set()
             logger.error("pdc: %s", self.endpoint_errors[bootstrap_addr])
             return
         with self.lock:
             self.endpoints[bootstrap_addr] = ep
             self.prefill_info_table[bootstrap_addr] = _PrefillServerInfo(prefill_dp)
             self.opening.pop(bootstrap_addr, None)
+        ep.on_change = self.changed.set  # Note [State-change signal]
         opened.set()
+        self.changed.set()  # receivers of that server may ask now
 
     def next_generation(self, room: int) -> int:
         with self.lock:
@@ -432,12 +436,6 @@ class PdcKVSender(SendsAhead, BaseKVSender):
                          window_page_ids=apply_window_fault(room, window))
 
     def poll(self) -> KVPoll:
-        state = self._state()
-        if state not in _DONE:  # Note [Spinning scheduler]
-            self.kv_mgr.spin.turn(id(self))
-        return state
-
-    def _state(self) -> KVPoll:
         if self.error:
             return KVPoll.Failed
         if self.idle:
@@ -538,12 +536,6 @@ class PdcKVReceiver(BaseKVReceiver):
                            window_page_ids=window_pages(state_indices, types))
 
     def poll(self) -> KVPoll:
-        state = self._state()
-        if state not in _DONE:  # Note [Spinning scheduler]
-            self.kv_mgr.spin.turn(id(self))
-        return state
-
-    def _state(self) -> KVPoll:
         if self.error:
             return KVPoll.Failed
         if self.receiver is None:

@@ -139,7 +139,8 @@ def cmd_vllm_demo(args: argparse.Namespace) -> int:
         help="the engine pdc moves the bytes with (default: mooncake over loopback TCP)"),
     arg("--compare", action="store_true",
         help="also run the prompts through pdc's router with the first token from prefill, "
-             "SGLang's own mooncake backend and one plain server, and print them all"),
+             "SGLang's own mooncake backend (as is, and with SGLang's optimistic prefill) and "
+             "one plain server, and print them all"),
     arg("--family", default="llama", choices=["llama", "qwen3", "qwen3-next", "deepseek-mla"],
         help="the tiny random-weight model to serve: llama (default) or qwen3 (dense Qwen3; "
              "specs/sglang-llama.yaml serves both), qwen3-next (hybrid Gated DeltaNet + "
@@ -164,6 +165,9 @@ def cmd_vllm_demo(args: argparse.Namespace) -> int:
     arg("--pdc-knobs", action="append", default=[], metavar="NAME=VALUE[,...]",
         help="one more pdc row whose servers run with these runtime knobs (docs/knobs.md), "
              "interleaved with the others; repeat the flag for more rows"),
+    arg("--warmup", type=int, default=1, metavar="N",
+        help="requests of other prompts each server setup answers before the measured ones, "
+             "outside the figures (default: 1; 0: measure cold servers)"),
 )
 def cmd_sglang_demo(args: argparse.Namespace) -> int:
     """Real SGLang prefill and decode servers with pdc's transfer backend, checked token by token.
@@ -175,7 +179,9 @@ def cmd_sglang_demo(args: argparse.Namespace) -> int:
     checks every generated token against the plain server and prints prompts ok/failed, MB
     moved, transfer ms and TTFT p50/p99. `--compare` adds a pdc pair behind pdc's router, which
     streams the first token from prefill, SGLang's own mooncake backend on the same settings
-    and one plain server alone, with each PD backend's TTFT overhead over it;
+    (as is, and with SGLang's `--optimistic-prefill-attempts 1`) and one plain server alone,
+    with each PD backend's TTFT overhead over it; every setup first answers `--warmup`
+    requests outside the figures;
     `--pdc-knobs` adds pdc rows with other runtime knobs. `--family qwen3` serves a tiny dense Qwen3 instead of the
     tiny Llama, `qwen3-next` a hybrid Gated DeltaNet model (slot state), `deepseek-mla` an MLA
     model (latent pool). `--dp N` runs N attention-DP groups on every server, the plain one
@@ -193,6 +199,7 @@ def cmd_sglang_demo(args: argparse.Namespace) -> int:
                           ("--in-flight", args.in_flight, 1, MAX_DEMO_CONCURRENCY),
                           ("--tokens", args.tokens, 1, MAX_DEMO_NEW_TOKENS),
                           ("--repeat", args.repeat, 1, MAX_DEMO_REPEAT),
+                          ("--warmup", args.warmup, 0, MAX_DEMO_PROMPTS),
                           ("--dp", args.dp, 1, MAX_SGLANG_DP)))
     if bad:
         return usage_error("sglang-demo", *bad, False)
@@ -207,4 +214,5 @@ def cmd_sglang_demo(args: argparse.Namespace) -> int:
         return 1
     return run_demo(args.prompts, args.engine, args.compare, args.in_flight, args.tokens,
                     args.seed, args.keep_logs, family=args.family, repeat=args.repeat,
-                    timeline=args.timeline, variant=variant, knob_rows=tuple(knob_rows))
+                    timeline=args.timeline, variant=variant, knob_rows=tuple(knob_rows),
+                    warmup=args.warmup)

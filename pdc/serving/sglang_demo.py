@@ -67,7 +67,7 @@ ONE_ENGINE = "one engine"
 
 def run_alone(python: str, model: str, workdir: str, prompts: list[list[int]],
               reference: list[list[int]], new_tokens: int, in_flight: int, rep: int,
-              variant: V.Variant, env: dict) -> Row:
+              variant: V.Variant, env: dict, warmup: list[list[int]] = ()) -> Row:
     """The prompts through one plain server (no router): the TTFT a PD backend adds to."""
     logs = os.path.join(workdir, f"rep{rep}-one-engine")
     os.makedirs(logs, exist_ok=True)
@@ -75,6 +75,7 @@ def run_alone(python: str, model: str, workdir: str, prompts: list[list[int]],
     plain = H.start_plain(python, model, logs, extra_args=variant.plain_args, tp=variant.tp,
                           progress=_waiting, extra_env=env)
     try:
+        H.run_prompts(plain.url, list(warmup), new_tokens, 1)  # Note [Warm servers]
         progress, on_done = _progress(ONE_ENGINE, len(prompts))
         t0 = time.monotonic()
         try:
@@ -88,12 +89,23 @@ def run_alone(python: str, model: str, workdir: str, prompts: list[list[int]],
 
 
 FIRST_TOKEN = "pdc, first token from prefill"
+# SGLang's own option: prefill runs a request's forward before decode has asked for it
+OPTIMISTIC = ("--optimistic-prefill-attempts", "1")
+MOONCAKE_OPTIMISTIC = "mooncake, optimistic prefill"
+
+# Note [Warm servers]: every server setup of a run (each PD pair with its router, the plain
+# server alone) first answers `--warmup` requests of other prompts, outside the figures. A
+# fresh setup's first request pays one-time costs that differ by backend and say nothing of
+# its steady state: SGLang's router opens its connections (its first request took ~300 ms on
+# the 2-core box), a decode server of the pdc backend opens its endpoint for the prefill
+# server, and the first forward of a new shape is slow. With 8 prompts per run that one
+# request was the p99 of most rows (BENCHMARKS.md (n)). `--warmup 0` measures them cold.
 
 
 def run_pair(python: str, model: str, workdir: str, backend: str, engine: str,
              prompts: list[list[int]], reference: list[list[int]], new_tokens: int,
              in_flight: int, rep: int = 0, server_args: tuple[str, ...] = (), tp: int = 1,
-             env: dict | None = None, label: str = "") -> Row:
+             env: dict | None = None, label: str = "", warmup: list[list[int]] = ()) -> Row:
     """`tp` ranks per server (`--dp` runs one per attention-DP group), `env` for both;
     `label` names the row (default: the backend); the FIRST_TOKEN row sends the prompts
     through pdc's router instead of SGLang's (Note [SGLang first token from prefill])."""
@@ -110,6 +122,7 @@ def run_pair(python: str, model: str, workdir: str, backend: str, engine: str,
              f"{time.monotonic() - t_start:.0f} s")
     router = pair.first_token_router() if label == FIRST_TOKEN else None
     try:
+        H.run_prompts((router or pair.router).url, list(warmup), new_tokens, 1)
         before = H.metrics(pair.prefill.url)
         t0 = time.monotonic()
         progress, on_done = _progress(f"{label}/{engine}", len(prompts))
@@ -201,7 +214,7 @@ def print_rows(rows: list[Row], n: int, in_flight: int, out=None, load: str = ""
 def run_demo(prompts: int, engine: str, compare: bool, in_flight: int, new_tokens: int,
              seed: int, keep: bool, family: str = "llama", repeat: int = 1,
              timeline: bool = False, variant: V.Variant | None = None,
-             knob_rows: tuple[dict, ...] = ()) -> int:
+             knob_rows: tuple[dict, ...] = (), warmup: int = 1) -> int:
     """`repeat` runs every backend that many times, each repetition in another order;
     `timeline` has pdc log its transfers and prints their phases (pdc/serving/timeline.py);
     `variant` the servers' DP attention and speculation (Note [Demo variants]); `knob_rows`
@@ -248,23 +261,27 @@ def run_demo(prompts: int, engine: str, compare: bool, in_flight: int, new_token
                   f"{bad[0].error}", file=sys.stderr)
             return 1
         reference = [r.tokens for r in ref]
-        # (label, backend, engine, extra environment); None: the plain server alone
-        backends = [("pdc", "pdc", engine, {})] + [
-            (knob_label(k), "pdc", engine, k) for k in knob_rows] + (
-            [(FIRST_TOKEN, "pdc", engine, {}), ("mooncake", "mooncake", "mooncake", {}),
-             (ONE_ENGINE, None, "-", {})] if compare else [])
+        warm = H.mixed_prompts(warmup, seed + 1)  # Note [Warm servers]
+        # (label, backend, engine, extra environment, extra server arguments); None: the
+        # plain server alone
+        backends = [("pdc", "pdc", engine, {}, ())] + [
+            (knob_label(k), "pdc", engine, k, ()) for k in knob_rows] + (
+            [(FIRST_TOKEN, "pdc", engine, {}, ()),
+             ("mooncake", "mooncake", "mooncake", {}, ()),
+             (MOONCAKE_OPTIMISTIC, "mooncake", "mooncake", {}, OPTIMISTIC),
+             (ONE_ENGINE, None, "-", {}, ())] if compare else [])
         load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
         rows = []
         for rep in range(repeat):
             k = rep % len(backends)
-            for label, backend, eng, extra in backends[k:] + backends[:k]:  # interleaved
+            for label, backend, eng, extra, args in backends[k:] + backends[:k]:  # interleaved
                 if backend is None:
                     rows.append(run_alone(python, model, workdir, batch, reference,
-                                          new_tokens, in_flight, rep, variant, env))
+                                          new_tokens, in_flight, rep, variant, env, warm))
                     continue
                 rows.append(run_pair(python, model, workdir, backend, eng, batch, reference,
-                                     new_tokens, in_flight, rep, variant.pd_args, variant.tp,
-                                     {**env, **extra}, label))
+                                     new_tokens, in_flight, rep, variant.pd_args + args,
+                                     variant.tp, {**env, **extra}, label, warm))
         after = ", ".join(f"{x:.2f}" for x in os.getloadavg())
         if variant.dp > 1:
             for r in rows:

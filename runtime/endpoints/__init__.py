@@ -48,6 +48,16 @@ live when the old use retires. A use that failed before any sender attached (dec
 before prefill started, a bad index) answers the first later `sender(room)` with Failed, so
 a late prefill scheduler learns of the abort instead of waiting for its deadline.
 
+Note [State-change signal]: a serving engine that waits for its requests' states instead of
+polling them in a loop sets `endpoint.on_change` (a callable, no arguments, cheap, safe from
+any thread; default: nothing). The endpoint calls it on its control thread after every turn
+that read messages or ran its timers (at least every 20 ms: a request turned Success or
+Failed, decode's request arrived, a deadline passed) and on prefill's transfer worker when a
+request ends there. So a wait for the next state change that also has a time bound never
+misses one: it wakes at the change, or at the bound for the rare change the signal does not
+cover (decode's staged scatter, ended by a CUDA event that only a poll notices). SGLang's
+scheduler uses it (Note [SGLang idle wait] in integrations/sglang/idle_wait.py).
+
 Note [Typed mixins]: each endpoint is one class made of parts, one module each
 (PrefillEndpoint: PrefillHandshake, PrefillControl, PrefillLiveness, PrefillWorker,
 PrefillStaging; DecodeEndpoint: DecodeHandshake, DecodeLiveness, DecodeStaging). The parts

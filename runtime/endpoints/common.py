@@ -15,6 +15,10 @@ REG_ROOM = 2**64 - 1
 KVPoll = W.KVPoll  # one enum for the API and the wire (Note [Request states], states.py)
 
 
+def no_signal() -> None:
+    """An endpoint's `on_change` until its engine sets one (Note [State-change signal])."""
+
+
 class PageState(enum.Enum):
     """May the decode pages of a request be given to another request?"""
 

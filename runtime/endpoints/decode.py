@@ -29,6 +29,7 @@ from .common import (
     PageState,
     _peer_name,
     check_backend,
+    no_signal,
 )
 from .faults import NO_FAULTS, Faults
 from .handshake import DecodeHandshake
@@ -84,6 +85,7 @@ class DecodeEndpoint(DecodeHandshake, DecodeLiveness, DecodeStaging):
         self._last_refresh = 0.0
         self._refreshing = False
         self.liveness = Liveness()  # of the prefill ranks, by name (Note [Peer liveness])
+        self.on_change = no_signal  # Note [State-change signal]
         self.last_rejection = ""
         self._reg_payload = b""
         # Last: the hub thread starts handling messages and timers at once.

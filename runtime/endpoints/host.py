@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 from abc import abstractmethod
 from collections import Counter, OrderedDict
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -63,6 +64,7 @@ class PrefillHost:
     counters: Counter[str]
     _stop: threading.Event
     wake: threading.Event
+    on_change: Callable[[], None]  # Note [State-change signal]
     _engine_wakes: bool
     _hb_seq: int
     _last_hb: float
@@ -146,6 +148,7 @@ class DecodeHost:
     _last_refresh: float
     _refreshing: bool
     liveness: Liveness
+    on_change: Callable[[], None]  # Note [State-change signal]
     _reg_payload: bytes
     hub: Hub
 

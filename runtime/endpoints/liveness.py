@@ -52,6 +52,7 @@ class PrefillLiveness(PrefillHost):
                     if p.rank in self.links and r.state not in TERMINAL and \
                             self._waits_on(r, p.instance, p.dp):
                         r.fail(f"decode peer {p.name} silent for {dead_after} s")
+        self.on_change()  # Note [State-change signal]
 
 
 class DecodeLiveness(DecodeHost):
@@ -116,3 +117,4 @@ class DecodeLiveness(DecodeHost):
             self._refreshing = True
             threading.Thread(target=self._refresh, args=(sorted(dead),), daemon=True,
                              name="pdc-decode-reconnect").start()
+        self.on_change()  # Note [State-change signal]

@@ -25,6 +25,7 @@ from .common import (
     KVPoll,
     RequestStats,
     check_backend,
+    no_signal,
 )
 from .faults import NO_FAULTS, Faults
 from .handshake import PrefillHandshake
@@ -98,6 +99,7 @@ class PrefillEndpoint(PrefillHandshake, PrefillControl, PrefillLiveness, Prefill
         self._hb_seq = 0
         self._last_hb = 0.0
         self.liveness = Liveness()  # of self.peers' incarnations (Note [Peer liveness])
+        self.on_change = no_signal  # Note [State-change signal]
         # Last: the hub thread starts handling messages and timers at once.
         self.hub = Hub(self._on_message, bind=True, on_tick=self._tick)
         p = plan.topology.prefill

@@ -294,6 +294,7 @@ class PrefillWorker(PrefillHost):
         for ident, st in sends:
             self._reply(ident, st)
         self._replay(parked)
+        self.on_change()  # Note [State-change signal]
 
     def _finish_failed(self, r: _Room) -> bool:
         drained = True
@@ -328,6 +329,7 @@ class PrefillWorker(PrefillHost):
         for ident, msg in sends:
             self._reply(ident, msg)
         self._replay(parked)
+        self.on_change()  # Note [State-change signal]
         return True
 
     def _retire(self, r: _Room) -> list:

@@ -124,6 +124,8 @@ def test_usage_errors_are_exit_2_and_a_json_error_object(capsys, argv, message, 
      "  hint: give --repeat from 1 to 20\n"),
     (["sglang-demo", "--repeat", "21"], "pdc sglang-demo: error: --repeat is 21\n"
      "  hint: give --repeat from 1 to 20\n"),
+    (["sglang-demo", "--warmup", "-1"], "pdc sglang-demo: error: --warmup is -1\n"
+     "  hint: give --warmup from 0 to 10000\n"),
     (["vllm-demo", "--tie-tolerance", "-1"], "pdc vllm-demo: error: --tie-tolerance -1.0 is "
      "not a logprob gap\n  hint: give a value from 0 (identity) to 10\n"),
     (["vllm-demo", "--tie-tolerance", "nan"], "pdc vllm-demo: error: --tie-tolerance nan is "
