@@ -18,14 +18,15 @@ mismatches, errors).
 
 from __future__ import annotations
 
+import http.client
 import json
 import queue
 import random
 import threading
-import urllib.error
-import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
 
 FLAG = "pdc_first_token"  # integrations/sglang/first_token.py reads it
 
@@ -46,6 +47,10 @@ class FirstTokenRouter:
         self.stats = {"first_from_prefill": 0, "first_from_decode": 0, "mismatches": 0,
                       "errors": 0}
         self._lock = threading.Lock()
+        # Note [Router connections]
+        self.upstreams = {url: Upstream(url, timeout_s)
+                          for url in [p.url for p in self.prefills] + self.decodes}
+        self.readers = ThreadPoolExecutor(thread_name_prefix="pdc-sglang-router-read")
         router = self
 
         class Handler(_Handler):
@@ -68,13 +73,16 @@ class FirstTokenRouter:
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+        self.readers.shutdown(wait=False, cancel_futures=True)
+        for u in self.upstreams.values():
+            u.close()
 
     def count(self, key: str) -> None:
         with self._lock:
             self.stats[key] += 1
 
-    def bodies(self, body: dict) -> tuple[str, dict, str, dict]:
-        """(prefill url, prefill body, decode url, decode body) of one request."""
+    def bodies(self, body: dict) -> tuple[Upstream, dict, Upstream, dict]:
+        """(prefill, prefill's body, decode, decode's body) of one request."""
         p, d = random.choice(self.prefills), random.choice(self.decodes)
         boot = {"bootstrap_host": p.bootstrap_host, "bootstrap_port": p.bootstrap_port,
                 "bootstrap_room": random.getrandbits(63)}
@@ -83,28 +91,94 @@ class FirstTokenRouter:
             params = dict(body.get("sampling_params") or {})
             params["custom_params"] = {**(params.get("custom_params") or {}), FLAG: True}
             to_prefill["sampling_params"] = params
-        return p.url, to_prefill, d, {**body, **boot}
+        return self.upstreams[p.url], to_prefill, self.upstreams[d], {**body, **boot}
 
 
-def _post(url: str, body: dict, timeout_s: float):
-    req = urllib.request.Request(url + "/generate", json.dumps(body).encode(),
-                                 {"content-type": "application/json"})
-    return urllib.request.urlopen(req, timeout=timeout_s)
+class UpstreamError(Exception):
+    """A server's answer with another status than 200."""
+
+    def __init__(self, status: int, body: bytes):
+        super().__init__(f"answered HTTP {status}: {body.decode(errors='replace')[:300]}")
+        self.status, self.body = status, body
 
 
-def _read_stream(side: str, url: str, body: dict, timeout_s: float, out: queue.Queue) -> None:
+class Upstream:
+    """Keep-alive connections to one server, reused request after request.
+
+    Note [Router connections]: the router is on the path of every first token, so it keeps
+    what a request costs it small: an idle connection to the server is taken instead of a new
+    one (SGLang's HTTP server keeps a connection open after a streamed answer read to its end),
+    and the two streams of a request are read on a pool's threads instead of new ones. A
+    connection that fails or was left half read is closed. A request on a reused connection
+    that the server closed while it was idle (the server hung up before reading it) is sent
+    again, once, on a new connection; any other failure is the request's.
+    """
+
+    def __init__(self, url: str, timeout_s: float):
+        parts = urlsplit(url)
+        self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
+        self.timeout_s = timeout_s
+        self.idle: queue.LifoQueue = queue.LifoQueue()
+
+    def post(self, body: dict) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        """POST /generate; returns the connection and its response (status 200), for
+        `release` once read; raises UpstreamError for another status, or the network's
+        error."""
+        data = json.dumps(body).encode()
+        for attempt in (0, 1):
+            try:
+                conn, reused = self.idle.get_nowait(), True
+            except queue.Empty:
+                conn, reused = http.client.HTTPConnection(self.host, self.port,
+                                                          timeout=self.timeout_s), False
+            try:
+                conn.request("POST", "/generate", data, {"content-type": "application/json"})
+                resp = conn.getresponse()
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                conn.close()
+                if reused and attempt == 0:
+                    continue  # closed by the server while idle: once more, on a new one
+                raise
+            except (http.client.HTTPException, OSError):
+                conn.close()
+                raise
+            if resp.status != 200:
+                body = resp.read()
+                self.release(conn, resp)
+                raise UpstreamError(resp.status, body)
+            return conn, resp
+        raise AssertionError("unreachable")
+
+    def release(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse) -> None:
+        if resp.isclosed() and not resp.will_close:
+            self.idle.put(conn)
+        else:
+            conn.close()
+
+    def close(self) -> None:
+        while True:
+            try:
+                self.idle.get_nowait().close()
+            except queue.Empty:
+                return
+
+
+def _read_stream(side: str, upstream: Upstream, body: dict, out: queue.Queue) -> None:
     """Every `data:` message of one server's stream into `out` as (side, message), then
     (side, None) at its end; an HTTP or network failure as (side, {"error": ...})."""
     try:
-        with _post(url, body, timeout_s) as r:
-            for raw in r:
+        conn, resp = upstream.post(body)
+        try:
+            for raw in resp:
                 line = raw.decode(errors="replace").strip()
                 if line.startswith("data:") and line != "data: [DONE]":
                     out.put((side, json.loads(line[5:])))
-    except urllib.error.HTTPError as e:
-        out.put((side, {"error": {"message": f"{side} answered HTTP {e.code}: "
-                                             f"{e.read().decode(errors='replace')[:300]}"}}))
-    except (urllib.error.URLError, OSError, ValueError) as e:
+            resp.read()  # the end of the answer: the connection is free again
+        finally:
+            upstream.release(conn, resp)
+    except UpstreamError as e:
+        out.put((side, {"error": {"message": f"{side} {e}"[:300]}}))
+    except (http.client.HTTPException, OSError, ValueError) as e:
         out.put((side, {"error": {"message": f"{side}: {type(e).__name__}: {e}"[:300]}}))
     out.put((side, None))
 
@@ -145,26 +219,26 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def _whole(self, p_url: str, p_body: dict, d_url: str, d_body: dict) -> None:
-        threading.Thread(target=_drain, args=(p_url, p_body, self.owner.timeout_s),
-                         daemon=True).start()
+    def _whole(self, prefill: Upstream, p_body: dict, decode: Upstream, d_body: dict) -> None:
+        self.owner.readers.submit(_drain, prefill, p_body)
         try:
-            with _post(d_url, d_body, self.owner.timeout_s) as r:
-                data, status = r.read(), r.status
-        except urllib.error.HTTPError as e:
-            data, status = e.read(), e.code
-        except (urllib.error.URLError, OSError) as e:
+            conn, resp = decode.post(d_body)
+            data, status = resp.read(), resp.status
+            decode.release(conn, resp)
+        except UpstreamError as e:  # decode's own answer, passed on as it is
+            self._reply_bytes(e.status, e.body)
+            return
+        except (http.client.HTTPException, OSError) as e:
             self.owner.count("errors")
             self._reply(502, {"error": {"message": f"decode: {type(e).__name__}: {e}"}})
             return
         self._reply_bytes(status, data)
 
-    def _stream(self, p_url: str, p_body: dict, d_url: str, d_body: dict) -> None:
+    def _stream(self, prefill: Upstream, p_body: dict, decode: Upstream, d_body: dict) -> None:
         events: queue.Queue = queue.Queue()
         timeout = self.owner.timeout_s
-        for side, url, body in (("prefill", p_url, p_body), ("decode", d_url, d_body)):
-            threading.Thread(target=_read_stream, args=(side, url, body, timeout, events),
-                             daemon=True).start()
+        for side, upstream, body in (("prefill", prefill, p_body), ("decode", decode, d_body)):
+            self.owner.readers.submit(_read_stream, side, upstream, body, events)
         self.send_response(200)
         self.send_header("content-type", "text/event-stream")
         self.end_headers()
@@ -216,11 +290,12 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
 
-def _drain(url: str, body: dict, timeout_s: float) -> None:
+def _drain(prefill: Upstream, body: dict) -> None:
     """Read prefill's answer to its end (prefill finishes the request only then). Its
     failure reaches the client through decode's answer (no KV, no tokens)."""
     try:
-        with _post(url, body, timeout_s) as r:
-            r.read()
-    except (urllib.error.URLError, OSError):
+        conn, resp = prefill.post(body)
+        resp.read()
+        prefill.release(conn, resp)
+    except (UpstreamError, http.client.HTTPException, OSError):
         pass

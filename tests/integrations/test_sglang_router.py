@@ -20,13 +20,21 @@ from pdc.serving.sglang_router import FirstTokenRouter, Prefill
 
 class Fake:
     """A stand-in server: streams `chunks` (cumulative output_ids), `delay_s` before the
-    first; records the bodies it got."""
+    first; records the bodies it got. `keep_alive`: HTTP/1.1, whole answers with a length,
+    the connection left open (as SGLang's server does); `connections` counts them."""
 
-    def __init__(self, chunks, delay_s=0.0, status=200):
+    def __init__(self, chunks, delay_s=0.0, status=200, keep_alive=False):
         self.chunks, self.delay_s, self.status, self.bodies = chunks, delay_s, status, []
+        self.connections = 0
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1" if keep_alive else "HTTP/1.0"
+
+            def setup(self):
+                super().setup()
+                fake.connections += 1
+
             def log_message(self, *a):
                 pass
 
@@ -36,8 +44,18 @@ class Fake:
                 time.sleep(fake.delay_s)
                 if fake.status != 200:
                     self.send_response(fake.status)
+                    self.send_header("content-length", "10")
                     self.end_headers()
                     self.wfile.write(b"overloaded")
+                    return
+                if keep_alive:
+                    answer = b"".join(b"data: " + json.dumps(
+                        {"output_ids": ids, "meta_info": {"finish_reason": None}}).encode()
+                        + b"\n\n" for ids in fake.chunks) + b"data: [DONE]\n\n"
+                    self.send_response(200)
+                    self.send_header("content-length", str(len(answer)))
+                    self.end_headers()
+                    self.wfile.write(answer)
                     return
                 self.send_response(200)
                 self.end_headers()
@@ -120,6 +138,25 @@ def test_a_failing_decode_is_the_clients_error():
     assert res.tokens == [7]
     assert res.error == "{'message': 'decode answered HTTP 503: overloaded'}"
     assert router.stats["errors"] == 1
+
+
+def test_the_router_reuses_its_connections_and_sends_again_after_an_idle_close():
+    p = Fake([[7], [7]], keep_alive=True)
+    d = Fake([[7], [7, 8]], keep_alive=True)
+    router = FirstTokenRouter([Prefill(p.url, "127.0.0.1", 1)], [d.url]).start()
+    try:
+        results = [H.generate(router.url, [1], 2) for _ in range(3)]
+        for u in router.upstreams.values():  # the servers hang up on the idle connections
+            for conn in list(u.idle.queue):
+                conn.sock.shutdown(2)
+        results.append(H.generate(router.url, [1], 2))
+    finally:
+        router.stop()
+        p.close()
+        d.close()
+    assert [(r.error, r.tokens) for r in results] == [("", [7, 8])] * 4
+    assert (p.connections, d.connections) == (2, 2)  # one each, then one after the hang-up
+    assert (len(p.bodies), len(d.bodies)) == (4, 4)  # no request was sent twice
 
 
 def _req(params, stream=True, logprob=False, out=(7,), finished=False):

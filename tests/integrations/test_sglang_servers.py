@@ -12,6 +12,8 @@ negative control of the per-layer check.
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import tempfile
 import threading
@@ -122,6 +124,29 @@ def test_first_tokens_from_prefill_through_pdcs_router_are_token_identical(pair,
     assert stats["first_from_prefill"] + stats["first_from_decode"] == len(PROMPTS)
     assert stats["first_from_prefill"] >= 1
     assert (stats["mismatches"], stats["errors"]) == (0, 0)
+
+
+def test_first_tokens_with_sglangs_optimistic_prefill(model, workdir, reference):
+    """The first-token row of `sglang-demo --compare` runs its servers with SGLang's
+    optimistic prefill (prefill's forward does not wait for decode's request; the backend's
+    sender then gets its page count and decode's prefix after the forward): every prompt is
+    token-identical, and prefill's log shows forwards that ran before decode asked."""
+    from pdc.serving.sglang_demo import OPTIMISTIC
+
+    logs = os.path.join(workdir, "optimistic")
+    os.makedirs(logs, exist_ok=True)
+    p = H.PDPair.start(PYTHON, model, logs, server_args=OPTIMISTIC)
+    router = p.first_token_router()
+    try:
+        results = H.run_prompts(router.url, PROMPTS, NEW_TOKENS, in_flight=4)
+    finally:
+        router.stop()
+        p.stop()
+    assert [r.error for r in results] == [""] * len(PROMPTS)
+    assert [r.tokens for r in results] == reference
+    with open(p.prefill.log) as f:
+        optimistic = [int(m) for m in re.findall(r"#optimistic-req: (\d+)", f.read())]
+    assert max(optimistic, default=0) >= 1
 
 
 def test_prefix_hits_keep_the_tokens_and_layers_leave_during_the_forward(pair, reference):
