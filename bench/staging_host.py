@@ -109,7 +109,11 @@ def main() -> int:
             if i in (args.warmup, total - 1):
                 checks.append(_check(staging, link, blocks, src, dst, ids, dst_ids, out))
     if args.profile:
-        _profile(args.profile, launches["on"], link, blocks, src, dst, arena, nbytes, pages, rng)
+        try:
+            _profile(args.profile, launches["on"], link, blocks, src, dst, arena, nbytes, pages,
+                     rng)
+        except Exception as exc:  # noqa: BLE001 - the table below still prints
+            print(f"--profile failed: {exc!r}")
     rows = []
     for mode, lx in launches.items():
         row = {"graphs": mode, **{k: round(statistics.median(v), 1) for k, v in times[mode].items()},
@@ -147,6 +151,42 @@ def _profile(n, lx, link, blocks, src, dst, arena, nbytes, pages, rng) -> None:
             torch.cuda.synchronize()
     print(f"cProfile: {n} replayed gathers and scatters (graphs on)")
     pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(18)
+    if torch.cuda.is_available() and lx.graphs._graphs:
+        _replay_steps(n, next(iter(lx.graphs._graphs.values())))
+
+
+def _replay_steps(n: int, got) -> None:
+    """Host µs of each step of a replay (staging_graphs.LaunchGraphs._run_cuda), alone, median
+    of `n`: the device context, the stream handle, the pinned buffer and its fill, the copy,
+    the replay (with the graph's last values, so it rewrites the last request's bytes)."""
+    import time
+
+    device = got.values.device
+    values = got.values.cpu().numpy()
+    pinned = torch.empty(len(values), dtype=torch.int64, pin_memory=True)
+    pinned.numpy()[:] = values
+
+    def context():
+        with torch.cuda.device(device):
+            pass
+
+    def fill():
+        torch.empty(len(values), dtype=torch.int64, pin_memory=True).numpy()[:] = values
+
+    steps = {"torch.cuda.device enter+exit": context,
+             "raw stream handle": lambda: torch._C._cuda_getCurrentRawStream(device.index),
+             "pinned empty + numpy fill": fill,
+             "copy_ to the graph's buffer": lambda: got.values.copy_(pinned, non_blocking=True),
+             "graph.replay()": got.graph.replay}
+    for name, step in steps.items():
+        took = []
+        for _ in range(n):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            step()
+            took.append((time.perf_counter() - t) * 1e6)
+        print(f"  {name:32} {statistics.median(took):8.1f} us")
+    torch.cuda.synchronize()
 
 
 def _check(staging, link, blocks, src, dst, ids, dst_ids, out) -> bool:
