@@ -24,21 +24,22 @@ AFTER=$(shim "$T"); BEFORE=$(shim "$B/before")
   python3 -c "import sys, torch, triton, numpy; print(sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__)"; } > $W/env.txt 2>&1
 cat $W/env.txt
 # (a)
-(cd /tmp && PYTHONPATH="$AFTER:/tmp/site" timeout 170 python3 -m pytest -q -rA --tb=short -p no:cacheprovider \
+(cd /tmp && PYTHONPATH="$AFTER:/tmp/site" timeout 150 python3 -m pytest -q -rA --tb=short -p no:cacheprovider \
   --import-mode=append --rootdir "$T" -m gpu --timeout 100 $T/tests/runtime/test_staging_graphs.py \
   $T/tests/runtime/test_copy_kernels.py $T/tests/runtime/test_staged.py \
   $T/tests/runtime/engines/test_cuda_ipc.py) > $W/gpu_tests.txt 2>&1
 pack gpu_tests $?; grep -E "^(PASSED|FAILED|ERROR)|passed|failed" $W/gpu_tests.txt | tail -30
 # (b)
 cd "$T"
-PYTHONPATH="$AFTER:/tmp/site" timeout 150 python3 bench/staging_host.py --tokens 8192 --reps 20 \
+PYTHONPATH="$AFTER:/tmp/site" timeout 100 python3 bench/staging_host.py --tokens 8192 --reps 20 \
   --profile 20 --json $W/staging_host.json > $W/staging_host.txt 2>&1
 pack staging_host $?; tail -8 $W/staging_host.txt
 # (c)
 for round in 1 2; do
   for tree in before after; do
     if [ $tree = before ]; then P=$BEFORE; else P=$AFTER; fi
-    PYTHONPATH="$P:/tmp/site" timeout 110 python3 bench/endpoints_processes.py --engines cuda_ipc \
+    t=$(($(left) - 5)); [ $t -gt 110 ] && t=110; [ $t -lt 40 ] && { pack "$tree-$round skipped" 0; continue; }
+    PYTHONPATH="$P:/tmp/site" timeout $t python3 bench/endpoints_processes.py --engines cuda_ipc \
       --pairs tp2-tp1-staged:8192,tp1-tp1-direct:1024 --reps 20 --json $W/$tree-$round.json \
       > $W/$tree-$round.log 2>&1
     rc=$?; uptime >> $W/load.txt; pack "$tree-$round" $rc
