@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# One device call (issue 29 item 4, the H200 table): (a) the GPU tests of the staging graphs,
-# the copy kernels, the staged path and the descriptor-copy graphs (test_cuda_ipc.py); (b)
-# bench/staging_host.py, graphs on/off alternating, with --profile; (c)
-# bench/endpoints_processes.py over cuda_ipc, staged 8K and direct 1K, before (main at 9c011c4,
-# before the staging graphs) and after, interleaved twice; then, while time is left, (d) one
-# traced staged 8K run of the after tree and (e) bench/arena_ring.py --cuda at 1K.
+# One device call (issue 29 item 4, the H200 table), each step while time is left: (b)
+# bench/staging_host.py, graphs on/off alternating, with --profile; (a) the GPU tests of the
+# staging graphs, the copy kernels, the staged path and the descriptor-copy graphs
+# (test_cuda_ipc.py); (c) bench/endpoints_processes.py over cuda_ipc, staged 8K and direct 1K,
+# before (main at 9c011c4, before the staging graphs) and after, interleaved twice; (d) one
+# traced staged 8K run of the after tree; (e) bench/arena_ring.py --cuda at 1K.
 # Carried: build/gpurun/{pkg,tree,before}; run from the repository root:
 #   bash build/gpurun/tree/bench/results/2026-12-05-h200-graphs/run.sh
 # Everything lands in /tmp/w, packed into $OUT/results.tgz after each step (a call returns
 # at most 8 files).
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-T0=$(date +%s); BUDGET=${BUDGET:-560}
+T0=$(date +%s); BUDGET=${BUDGET:-560}  # seconds for the whole script
 left() { echo $((BUDGET - ($(date +%s) - T0))); }
 W=/tmp/w; mkdir -p $W
 pack() { echo "$1 exit $2 $(date -u +%T) left $(left)s" | tee -a $W/steps.txt
@@ -23,17 +23,18 @@ AFTER=$(shim "$T"); BEFORE=$(shim "$B/before")
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; nproc; uptime
   python3 -c "import sys, torch, triton, numpy; print(sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__)"; } > $W/env.txt 2>&1
 cat $W/env.txt
+cd "$T"
+# (b), first: the figure the issue asks for
+PYTHONPATH="$AFTER:/tmp/site" timeout 100 python3 bench/staging_host.py --tokens 8192 --reps 20 \
+  --profile 20 --json $W/staging_host.json > $W/staging_host.txt 2>&1
+pack staging_host $?; tail -8 $W/staging_host.txt
 # (a)
-(cd /tmp && PYTHONPATH="$AFTER:/tmp/site" timeout 150 python3 -m pytest -q -rA --tb=short -p no:cacheprovider \
+t=$(($(left) - 10)); [ $t -gt 150 ] && t=150
+(cd /tmp && PYTHONPATH="$AFTER:/tmp/site" timeout $t python3 -m pytest -q -rA --tb=short -p no:cacheprovider \
   --import-mode=append --rootdir "$T" -m gpu --timeout 100 $T/tests/runtime/test_staging_graphs.py \
   $T/tests/runtime/test_copy_kernels.py $T/tests/runtime/test_staged.py \
   $T/tests/runtime/engines/test_cuda_ipc.py) > $W/gpu_tests.txt 2>&1
 pack gpu_tests $?; grep -E "^(PASSED|FAILED|ERROR)|passed|failed" $W/gpu_tests.txt | tail -30
-# (b)
-cd "$T"
-PYTHONPATH="$AFTER:/tmp/site" timeout 100 python3 bench/staging_host.py --tokens 8192 --reps 20 \
-  --profile 20 --json $W/staging_host.json > $W/staging_host.txt 2>&1
-pack staging_host $?; tail -8 $W/staging_host.txt
 # (c)
 for round in 1 2; do
   for tree in before after; do
