@@ -388,6 +388,9 @@ def main() -> int:
     ap.add_argument("--engines", default="cuda_ipc", help="comma list: cuda_ipc,mooncake,nixl")
     ap.add_argument("--tokens-list", default="8192,1024")
     ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--pairs", default="", metavar="CASE:TOKENS,...",
+                    help="only these (case, tokens) pairs, e.g. tp2-tp1-staged:8192 "
+                         "(default: every case at every --tokens-list length)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--prefill-device", default="cuda:0")
     ap.add_argument("--decode-device", default="cuda:0")
@@ -397,13 +400,15 @@ def main() -> int:
         args.engines, args.tokens_list, args.reps = "local", "64", 1
         args.prefill_device = args.decode_device = "host"
     rows, checks, notes = [], {}, []
+    pairs = [(c, int(t)) for t in args.tokens_list.split(",") for c in args.cases.split(",")]
+    if args.pairs:
+        pairs = [(p.split(":")[0], int(p.split(":")[1])) for p in args.pairs.split(",")]
     for engine in args.engines.split(","):
-        for tokens in [int(t) for t in args.tokens_list.split(",")]:
-            for case in args.cases.split(","):
-                args.engine, args.tokens = engine, tokens
-                C.guarded(rows, notes, checks, f"{engine} {case} {tokens}",
-                          lambda case=case: run_case(args, case, rows, checks))
-                print(rows[-1], flush=True)  # a run cut short still shows the cases it did
+        for case, tokens in pairs:
+            args.engine, args.tokens = engine, tokens
+            C.guarded(rows, notes, checks, f"{engine} {case} {tokens}",
+                      lambda case=case: run_case(args, case, rows, checks))
+            print(rows[-1], flush=True)  # a run cut short still shows the cases it did
     C.table(rows, [("case", "case", ""), ("transport", "transport", ""),
                    ("ms", "ms", ".2f"), ("gbps", "GB/s", ",.1f"),
                    ("engine_only_gbps", "engine GB/s", ",.1f"),

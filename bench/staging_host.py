@@ -13,6 +13,10 @@ indexing copies (staging.gather / staging.scatter) byte for byte.
 
     python3 bench/staging_host.py --tokens 8192 --json out.json   # needs a CUDA device
     python bench/staging_host.py --small   # CPU (Triton interpreter): the checks only
+
+`--profile N` then runs N more replayed calls of each kind under cProfile and prints where
+their host time goes (cProfile's own cost inflates the Python rows; the torch calls' rows
+are the CUDA side: pinned buffer, copy, replay).
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--profile", type=int, default=0, metavar="N")
     args = ap.parse_args()
     device = "cpu" if args.small else "cuda:0"
     if args.small:
@@ -103,6 +108,12 @@ def main() -> int:
                     times[mode][k].append(v)
             if i in (args.warmup, total - 1):
                 checks.append(_check(staging, link, blocks, src, dst, ids, dst_ids, out))
+    if args.profile:
+        try:
+            _profile(args.profile, launches["on"], link, blocks, src, dst, arena, nbytes, pages,
+                     rng)
+        except Exception as exc:  # noqa: BLE001 - the table below still prints
+            print(f"--profile failed: {exc!r}")
     rows = []
     for mode, lx in launches.items():
         row = {"graphs": mode, **{k: round(statistics.median(v), 1) for k, v in times[mode].items()},
@@ -115,6 +126,67 @@ def main() -> int:
     print(f"{args.tokens} tokens, {len(blocks)} blocks, {nbytes} B per link region")
     names = [f"{m} request {k}" for k in ("first", "last") for m in launches]
     return C.finish("staging_host", args, rows, dict(zip(names, checks, strict=True)))
+
+
+def _profile(n, lx, link, blocks, src, dst, arena, nbytes, pages, rng) -> None:
+    """cProfile over `n` replayed gathers and scatters (graphs on), the top rows by own time."""
+    import cProfile
+    import pstats
+
+    calls = []
+    for _ in range(n):
+        ids = rng.permutation(2 * pages)[:pages].astype(np.int64)
+        at = int(rng.integers(0, 2)) * nbytes
+        out = arena[at:at + nbytes]
+        calls.append((ids, out, {"kv": rng.permutation(2 * pages)[:pages].astype(np.int64),
+                                 "aux_first_token": np.zeros(1, np.int64)}))
+    prof = cProfile.Profile()
+    for ids, out, dst_ids in calls:
+        positions = {"kv": (ids, np.arange(pages, dtype=np.int64))}
+        prof.enable()
+        lx.gather_chunk(link, blocks, src.view, positions, None, out)
+        lx.scatter_link(link, blocks, dst.view, dst_ids, out)
+        prof.disable()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    print(f"cProfile: {n} replayed gathers and scatters (graphs on)")
+    pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(18)
+    if torch.cuda.is_available() and lx.graphs._graphs:
+        _replay_steps(n, next(iter(lx.graphs._graphs.values())))
+
+
+def _replay_steps(n: int, got) -> None:
+    """Host µs of each step of a replay (staging_graphs.LaunchGraphs._run_cuda), alone, median
+    of `n`: the device context, the stream handle, the pinned buffer and its fill, the copy,
+    the replay (with the graph's last values, so it rewrites the last request's bytes)."""
+    import time
+
+    device = got.values.device
+    values = got.values.cpu().numpy()
+    pinned = torch.empty(len(values), dtype=torch.int64, pin_memory=True)
+    pinned.numpy()[:] = values
+
+    def context():
+        with torch.cuda.device(device):
+            pass
+
+    def fill():
+        torch.empty(len(values), dtype=torch.int64, pin_memory=True).numpy()[:] = values
+
+    steps = {"torch.cuda.device enter+exit": context,
+             "raw stream handle": lambda: torch._C._cuda_getCurrentRawStream(device.index),
+             "pinned empty + numpy fill": fill,
+             "copy_ to the graph's buffer": lambda: got.values.copy_(pinned, non_blocking=True),
+             "graph.replay()": got.graph.replay}
+    for name, step in steps.items():
+        took = []
+        for _ in range(n):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            step()
+            took.append((time.perf_counter() - t) * 1e6)
+        print(f"  {name:32} {statistics.median(took):8.1f} us")
+    torch.cuda.synchronize()
 
 
 def _check(staging, link, blocks, src, dst, ids, dst_ids, out) -> bool:

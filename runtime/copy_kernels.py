@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
 
+import numpy as np
 import torch
 import triton.language as tl
 from triton.runtime.jit import JITFunction
@@ -344,7 +345,12 @@ def launch_alignment(
     The dense staging layout needs no term of its own: its offsets are sums of packed sizes,
     which the segment lengths already divide.
     """
-    offsets = () if staging_offsets is None else staging_offsets
+    if staging_offsets is None:
+        offsets: tuple = ()
+    elif isinstance(staging_offsets, np.ndarray):
+        offsets = (staging_offsets,)  # one reduction, not one Python step per offset
+    else:
+        offsets = tuple(staging_offsets)
     return min(max_align, table.alignment, pow2_alignment(staging.data_ptr(), *offsets))
 
 

@@ -209,6 +209,18 @@ def chunk_block_ranges(blocks: tuple[Block, ...], link: Link, positions, layers=
             yield b, ids, j0, n
 
 
+def _item_runs(j: np.ndarray) -> list[tuple[int, int]]:
+    """(first j, count) of each run of consecutive positions in `j` (non-empty): what
+    `contiguous_runs(j, j)` gives, in one pass (a whole chunk is one run)."""
+    j = np.asarray(j, np.int64)
+    breaks = np.flatnonzero(j[1:] - j[:-1] != 1)
+    if not len(breaks):
+        return [(int(j[0]), len(j))]
+    starts = np.concatenate(([0], breaks + 1))
+    counts = np.diff(np.concatenate((starts, [len(j)])))
+    return list(zip(j[starts].tolist(), counts.tolist(), strict=True))
+
+
 def merge_descriptors(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray):
     """Merge descriptors that continue each other on both sides (sorted by source)."""
     if len(src) < 2:
@@ -300,7 +312,6 @@ class _Group:
     total_bytes: np.ndarray  # int64 [blocks]: bytes per item of each block
     unit_bytes: int  # bytes per item of all the group's blocks together
     dense_at: int  # region offset of the kernels' dense layout, or -1 (Note [Staging layout])
-    prefix: np.ndarray  # int64 [blocks]: the dense layout's offsets per item, bytes
 
 
 class Launches:
@@ -358,11 +369,10 @@ class Launches:
             offsets = np.array([b.offset for b in bs], np.int64)
             total = np.array([b.segment.total_bytes for b in bs], np.int64)
             items = bs[0].items
-            dense = bool(np.array_equal(offsets - offsets[0],
-                                        items * np.asarray(table.prefix_bytes, np.int64)))
+            prefix = np.asarray(table.prefix_bytes, np.int64)
+            dense = bool(np.array_equal(offsets - offsets[0], items * prefix))
             groups[comp] = _Group(comp, table, int(min(capacities)), items, offsets, total,
-                                  int(total.sum()), int(offsets[0]) if dense else -1,
-                                  np.asarray(table.prefix_bytes, np.int64))
+                                  int(total.sum()), int(offsets[0]) if dense else -1)
         with self._lock:
             self.tables[key] = (blocks, groups)
             while len(self.tables) > self.limit:
@@ -381,9 +391,8 @@ class Launches:
             src, j = positions[comp]
             if not len(j):
                 continue
-            starts, _, counts = contiguous_runs(j, j)
             at = 0
-            for j0, n in zip(starts.tolist(), counts.tolist(), strict=True):
+            for j0, n in _item_runs(j):
                 ids = src[at:at + n]
                 at += n
                 if j0 + n > g.items:
@@ -393,9 +402,9 @@ class Launches:
                 if g.dense_at >= 0 and j0 == 0 and n == g.items:
                     offs.append(np.array([g.dense_at], np.int64))
                     lens.append(np.array([n * g.unit_bytes], np.int64))
-                    runs.append((g, ids, g.dense_at + n * g.prefix))
+                    runs.append((g, ids, g.offsets))  # == dense_at + n * prefix (dense)
                     continue
-                at_bytes = g.offsets + j0 * g.total_bytes
+                at_bytes = g.offsets if j0 == 0 else g.offsets + j0 * g.total_bytes
                 offs.append(at_bytes)
                 lens.append(n * g.total_bytes)
                 runs.append((g, ids, at_bytes))
@@ -413,9 +422,8 @@ class Launches:
         for comp, g in self._groups("dst", link, blocks, view, None).items():
             got = ids[comp]
             check_capacity(got, g.capacity, f"decode '{comp}'")
-            if len(got):
-                at = g.dense_at + g.items * g.prefix if g.dense_at >= 0 else g.offsets
-                runs.append((g, got, at))
+            if len(got):  # every item: the blocks' own offsets (the dense layout, if dense)
+                runs.append((g, got, g.offsets))
         self._launch(("dst", id(blocks)), blocks, runs, region, False)
 
     def _launch(self, key: tuple, blocks, runs, staging_buf, to_staging: bool) -> None:

@@ -65,8 +65,8 @@ class LaunchGraphs:
             self._run_cuda(key, anchor, values, device, build)
 
     def _run_cuda(self, key, anchor, values, device, build) -> None:
-        stream = torch.cuda.current_stream(device)
-        key = (device.index, stream.cuda_stream, *key)
+        # The raw stream handle (what Triton's launcher reads too): no Stream object per call.
+        key = (device.index, torch._C._cuda_getCurrentRawStream(device.index), *key)
         got, capture = None, False
         if knobs.get("staging_graphs"):
             with self._lock:
@@ -98,9 +98,9 @@ class LaunchGraphs:
             launch.run()
         self.stats["launched"] += 1
         if capture:
-            self._capture(key, anchor, dev, launches, stream, device)
+            self._capture(key, anchor, dev, launches, device)
 
-    def _capture(self, key, anchor, dev, launches, stream, device) -> None:
+    def _capture(self, key, anchor, dev, launches, device) -> None:
         from .descriptor_copy import capture_graph
 
         def run() -> None:
@@ -108,7 +108,7 @@ class LaunchGraphs:
                 launch.run()
 
         try:  # after the launches above compiled the kernels
-            graph = capture_graph(run, stream, device)
+            graph = capture_graph(run, torch.cuda.current_stream(device), device)
         except Exception as exc:  # noqa: BLE001 - a capture that fails costs only the graph
             self.stats["capture_errors"] += 1
             self.last_capture_error = repr(exc)

@@ -95,3 +95,36 @@ def test_device_pools_copy_through_the_familys_generated_kernels(llama):
         tb = b.segment.total_bytes
         staging.gather(pool, np.array([3, 1]), b.segment, want[b.offset:b.offset + 2 * tb])
     assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("j", [[0], [2], [0, 1, 2, 3], [0, 1, 3, 4, 5], [4, 2, 3, 0], [1, 3, 5]])
+def test_item_runs_are_the_contiguous_runs_of_the_positions(j):
+    from pdc.runtime.indices import contiguous_runs
+
+    starts, _, counts = contiguous_runs(np.array(j), np.array(j))
+    want = list(zip(starts.tolist(), counts.tolist(), strict=True))
+    assert staging._item_runs(np.array(j)) == want
+
+
+def test_a_chunk_of_two_runs_gathers_each_run_at_its_items(llama):
+    """Positions 0 and 2-3 of four: two launches' offsets in one buffer, the bytes of
+    per-block reference copies, and the two stretches of the region named."""
+    layout, plan = llama
+    link = plan.links[0]
+    pools = _pools(layout, plan, "prefill", link.prefill)
+    pools.arena.random_(0, 256, generator=torch.Generator().manual_seed(4))
+    blocks, nbytes = staging.link_blocks(link, {"kv": 4, "aux_first_token": 1})
+    out = torch.zeros(nbytes, dtype=torch.uint8)
+    ids, j = np.array([3, 0, 2]), np.array([0, 2, 3])
+    offs, lens = staging.Launches().gather_chunk(link, blocks, pools.view, {"kv": (ids, j)},
+                                                 None, out)
+    want = torch.zeros(nbytes, dtype=torch.uint8)
+    for b, got_ids, j0, n in staging.chunk_block_ranges(blocks, link, {"kv": (ids, j)}):
+        pool = pools.view("kv", link.entries[b.entry].src_pos)
+        at = b.offset + j0 * b.segment.total_bytes
+        staging.gather(pool, got_ids, b.segment, want[at:at + n * b.segment.total_bytes])
+    assert torch.equal(out, want)
+    kv = [b for b in blocks if link.entries[b.entry].component == "kv"]
+    tb = [b.segment.total_bytes for b in kv]
+    assert offs.tolist() == [b.offset for b in kv] + [b.offset + 2 * b.segment.total_bytes for b in kv]
+    assert lens.tolist() == tb + [2 * t for t in tb]
