@@ -18,7 +18,9 @@ memory that a finishing request frees, decode's staged scatter ended by a CUDA e
 costs such an event at most that delay. A turn with a batch never calls on_idle, so a busy
 server never waits. Only a scheduler that reads the request sockets waits (rank zero of its
 attention-TP group); the other ranks follow it through SGLang's broadcast of the requests
-and its all-reduce of the polls.
+and its all-reduce of the polls. With DP attention every DP group's scheduler syncs with the
+others each turn, so a group that waits can hold back another group's next turn by at most
+the bound (only when no group had a batch: one that has one gives the others an idle batch).
 """
 
 from __future__ import annotations
