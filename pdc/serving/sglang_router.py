@@ -149,6 +149,17 @@ class Upstream:
             return conn, resp
         raise AssertionError("unreachable")
 
+    def fetch(self, body: dict) -> tuple[int, bytes]:
+        """POST /generate and read the whole answer, whatever its status; raises the
+        network's error."""
+        try:
+            conn, resp = self.post(body)
+        except UpstreamError as e:
+            return e.status, e.body
+        data = resp.read()
+        self.release(conn, resp)
+        return resp.status, data
+
     def release(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse) -> None:
         if resp.isclosed() and not resp.will_close:
             self.idle.put(conn)
@@ -222,12 +233,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _whole(self, prefill: Upstream, p_body: dict, decode: Upstream, d_body: dict) -> None:
         self.owner.readers.submit(_drain, prefill, p_body)
         try:
-            conn, resp = decode.post(d_body)
-            data, status = resp.read(), resp.status
-            decode.release(conn, resp)
-        except UpstreamError as e:  # decode's own answer, passed on as it is
-            self._reply_bytes(e.status, e.body)
-            return
+            status, data = decode.fetch(d_body)  # decode's own answer, passed on as it is
         except (http.client.HTTPException, OSError) as e:
             self.owner.count("errors")
             self._reply(502, {"error": {"message": f"decode: {type(e).__name__}: {e}"}})
@@ -294,8 +300,6 @@ def _drain(prefill: Upstream, body: dict) -> None:
     """Read prefill's answer to its end (prefill finishes the request only then). Its
     failure reaches the client through decode's answer (no KV, no tokens)."""
     try:
-        conn, resp = prefill.post(body)
-        resp.read()
-        prefill.release(conn, resp)
-    except (UpstreamError, http.client.HTTPException, OSError):
+        prefill.fetch(body)
+    except (http.client.HTTPException, OSError):
         pass
