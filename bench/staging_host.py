@@ -5,7 +5,9 @@ head slices: 160 staging blocks per link), on one GPU: prefill's gather of one l
 (`staging.Launches.gather_chunk`) and decode's scatter of one link (`scatter_link`), each
 request with fresh page ids and its region at another place of one arena. Host µs is the time
 the call takes on the calling thread (its launches queued, not waited for); GPU µs is the same
-call's launches timed by CUDA events. Modes alternate per repetition: the `staging_graphs` knob
+call's launches timed by CUDA events; "of it graphs.run" is the host µs of the call's graph
+part (`staging_graphs.LaunchGraphs.run`: the replay, or Triton's launches), the rest is the
+Python that computes the launches' values. Modes alternate per repetition: the `staging_graphs` knob
 on (Note [Staging graphs]: the shape's first call through Triton, its second captured, later
 ones replayed) and off (every launch through Triton's launcher). Medians over `--reps` calls
 after `--warmup`; the first and last timed request of each mode are checked against torch's
@@ -48,6 +50,17 @@ def _setup(tokens: int, device: str):
     return staging, layout, link, src, dst, blocks, nbytes, pages
 
 
+def _timed(run, took: list):
+    """`run` (LaunchGraphs.run) appending its host µs to `took`."""
+    def timed(*args):
+        t = time.perf_counter()
+        try:
+            return run(*args)
+        finally:
+            took.append((time.perf_counter() - t) * 1e6)
+    return timed
+
+
 def _time_call(fn, *args) -> tuple[float, float]:
     if not torch.cuda.is_available():  # --small: the interpreter on CPU, host time only
         t = time.perf_counter()
@@ -83,8 +96,12 @@ def main() -> int:
     rng = np.random.default_rng(0)
     launches = {m: staging.Launches(staging.family_kernels(layout)) for m in ("on", "off")}
     times: dict[str, dict[str, list]] = {m: {"gather host": [], "gather gpu": [],
-                                             "scatter host": [], "scatter gpu": []}
+                                             "gather run": [], "scatter host": [],
+                                             "scatter gpu": [], "scatter run": []}
                                          for m in launches}
+    run_us: list[float] = []  # host µs of each LaunchGraphs.run: the call's graph part
+    for lx in launches.values():
+        lx.graphs.run = _timed(lx.graphs.run, run_us)
     checks = []
     total = args.warmup + args.reps
     for i in range(total):
@@ -97,14 +114,16 @@ def main() -> int:
                 positions = {"kv": (ids, np.arange(pages, dtype=np.int64))}
                 hg, gg = _time_call(lx.gather_chunk, link, blocks, src.view, positions, None,
                                     out)
+                rg = run_us[-1]
                 dst_ids = {"kv": rng.permutation(2 * pages)[:pages].astype(np.int64),
                            "aux_first_token": np.zeros(1, np.int64)}
                 hs, gs = _time_call(lx.scatter_link, link, blocks, dst.view, dst_ids, out)
+                rs = run_us[-1]
             finally:
                 knobs.reset()
             if i >= args.warmup:
-                for k, v in (("gather host", hg), ("gather gpu", gg), ("scatter host", hs),
-                             ("scatter gpu", gs)):
+                for k, v in (("gather host", hg), ("gather gpu", gg), ("gather run", rg),
+                             ("scatter host", hs), ("scatter gpu", gs), ("scatter run", rs)):
                     times[mode][k].append(v)
             if i in (args.warmup, total - 1):
                 checks.append(_check(staging, link, blocks, src, dst, ids, dst_ids, out))
@@ -120,7 +139,9 @@ def main() -> int:
                **{k: lx.graphs.stats[k] for k in ("launched", "captured", "replayed")}}
         rows.append(row)
     C.table(rows, [("graphs", "graphs", ""), ("gather host", "gather host us", ".1f"),
-                   ("gather gpu", "gather GPU us", ".1f"), ("scatter host", "scatter host us", ".1f"),
+                   ("gather run", "of it graphs.run", ".1f"), ("gather gpu", "gather GPU us", ".1f"),
+                   ("scatter host", "scatter host us", ".1f"),
+                   ("scatter run", "of it graphs.run", ".1f"),
                    ("scatter gpu", "scatter GPU us", ".1f"), ("launched", "launched", "d"),
                    ("captured", "captured", "d"), ("replayed", "replayed", "d")])
     print(f"{args.tokens} tokens, {len(blocks)} blocks, {nbytes} B per link region")
@@ -157,27 +178,36 @@ def _profile(n, lx, link, blocks, src, dst, arena, nbytes, pages, rng) -> None:
 
 def _replay_steps(n: int, got) -> None:
     """Host µs of each step of a replay (staging_graphs.LaunchGraphs._run_cuda), alone, median
-    of `n`: the device context, the stream handle, the pinned buffer and its fill, the copy,
-    the replay (with the graph's last values, so it rewrites the last request's bytes)."""
+    of `n`: the device check, the stream handle, the wait for the last copy, the fill of the
+    graph's pinned buffer, the replay with its event, and the whole call (with the graph's
+    last values, so it rewrites the last request's bytes)."""
     import time
 
-    device = got.values.device
-    values = got.values.cpu().numpy()
-    pinned = torch.empty(len(values), dtype=torch.int64, pin_memory=True)
-    pinned.numpy()[:] = values
+    from pdc.runtime.pinned_graph import on_device
+
+    pinned = got.pinned
+    device = pinned.values.device
+    values = pinned.values.cpu().numpy()
+
+    def fill(buf):
+        buf[:] = values
+
+    def replay():
+        pinned.graph.replay()
+        pinned.read.record(pinned.stream)
 
     def context():
         with torch.cuda.device(device):
             pass
 
-    def fill():
-        torch.empty(len(values), dtype=torch.int64, pin_memory=True).numpy()[:] = values
-
-    steps = {"torch.cuda.device enter+exit": context,
+    steps = {"on_device (device current)": lambda: on_device(device, int, 0),
+             "torch.cuda.device enter+exit": context,
              "raw stream handle": lambda: torch._C._cuda_getCurrentRawStream(device.index),
-             "pinned empty + numpy fill": fill,
-             "copy_ to the graph's buffer": lambda: got.values.copy_(pinned, non_blocking=True),
-             "graph.replay()": got.graph.replay}
+             "wait for the last copy": lambda: pinned.read.synchronize(),
+             "fill the pinned buffer": lambda: fill(pinned.host_np),
+             "graph.replay() + event": replay,
+             "PinnedGraph.call (all)": lambda: pinned.call(fill)}
+    print(f"  copy inside the graph: {pinned.copy_inside}")
     for name, step in steps.items():
         took = []
         for _ in range(n):

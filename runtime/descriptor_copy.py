@@ -23,6 +23,7 @@ import triton.language as tl
 from triton.runtime.jit import JITFunction
 
 from .copy_specs import pow2_alignment
+from .pinned_graph import PinnedGraph, on_device
 
 # Descriptors at least this long go to the copy engine (cudaMemcpyAsync), not the kernel.
 COPY_ENGINE_BYTES = 4 << 20
@@ -79,15 +80,15 @@ def split(nbytes: np.ndarray, copy_engine_bytes: int = COPY_ENGINE_BYTES):
 # Note [Descriptor-copy graphs]: Triton's Python launcher costs 150-220 µs of host time per
 # launch on the H200 box (BENCHMARKS.md (m)), more than the rest of a direct-path submit. A
 # launch of the same shape (descriptor count, alignment, grid) on the same stream as an earlier
-# one therefore replays a CUDA graph captured from it: the new table is copied into that
-# graph's own device buffer and the graph replayed. Both go on the launching stream, so an
-# earlier replay has read the buffer before the copy overwrites it. A shape's first launch runs
+# one therefore replays a CUDA graph captured from it: the new table is written into that
+# graph's own pinned buffer, which the graph's first node copies to the device (Note [Pinned
+# graph input] in pinned_graph.py). A shape's first launch runs
 # through Triton (compiling the kernel if needed); its second is captured after it runs, so a
 # shape seen once (a one-off request length) costs no capture. Graphs are kept per (device,
 # stream, shape), the least recently used dropped beyond GRAPH_CACHE; the
 # `descriptor_copy_graphs` knob (0) turns them off.
 GRAPH_CACHE = 32
-_graphs: OrderedDict[tuple, tuple[torch.Tensor, torch.cuda.CUDAGraph]] = OrderedDict()
+_graphs: OrderedDict[tuple, PinnedGraph] = OrderedDict()
 _seen: OrderedDict[tuple, None] = OrderedDict()  # shapes launched once, not captured yet
 _GRAPH_LOCK = threading.Lock()
 graph_stats: dict = {"captured": 0, "replayed": 0}  # tests and the benches read it
@@ -106,14 +107,6 @@ def launch(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray, device: torch.d
     word = min(align, 4)
     vec = align // word
     gpu = device.type == "cuda"
-    # The table is written straight into (pinned, on a GPU) host memory: one pass per row,
-    # no intermediate arrays (81,920 descriptors for a direct-path 8K Llama-70B request).
-    # torch's pinned-memory cache keeps the block until the copy below has read it.
-    host = torch.empty(3 * n, dtype=torch.int64, pin_memory=gpu)
-    rows = host.numpy().view(np.uint64).reshape(3, n)
-    rows[0] = src
-    rows[1] = dst
-    np.floor_divide(nbytes, np.uint64(align), out=rows[2], casting="unsafe")
     if gpu:
         block_bytes, iters, warps = 1 << 14, 2, 8
     else:
@@ -123,21 +116,33 @@ def launch(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray, device: torch.d
     chunks = -(-max_words // (block * iters))
     grid = (chunks, min(n, _MAX_GRID_Y))
     meta = {"ALIGN": align, "VEC": vec, "BLOCK": block, "ITERS": iters}
+    table = (src, dst, nbytes, align)
     if not gpu:
+        host = torch.empty(3 * n, dtype=torch.int64)
+        _table(host.numpy(), table)
         anchor = host.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[word])
         with _INTERPRETER_LOCK:
             _kernel(device)[grid](host, anchor, n, **meta)
         return
-    with torch.cuda.device(device):
-        _launch_cuda(host, n, word, grid, meta, warps, device)
+    on_device(device, _launch_cuda, table, n, word, grid, meta, warps, device)
 
 
-def _launch_cuda(host: torch.Tensor, n: int, word: int, grid, meta: dict, warps: int,
+def _table(host: np.ndarray, table) -> None:
+    """Write a descriptor table into `host` (int64 [3 * n]): one pass per row, no
+    intermediate arrays (81,920 descriptors for a direct-path 8K Llama-70B request)."""
+    src, dst, nbytes, align = table
+    rows = host.view(np.uint64).reshape(3, len(src))
+    rows[0] = src
+    rows[1] = dst
+    np.floor_divide(nbytes, np.uint64(align), out=rows[2], casting="unsafe")
+
+
+def _launch_cuda(table, n: int, word: int, grid, meta: dict, warps: int,
                  device: torch.device) -> None:
     from . import knobs
 
-    stream = torch.cuda.current_stream(device)
-    key = (device.index, stream.cuda_stream, n, word, grid, tuple(meta.values()))
+    key = (device.index, torch._C._cuda_getCurrentRawStream(device.index), n, word, grid,
+           tuple(meta.values()))
     use_graphs = bool(knobs.get("descriptor_copy_graphs"))
     got, capture = None, False
     if use_graphs:
@@ -152,46 +157,29 @@ def _launch_cuda(host: torch.Tensor, n: int, word: int, grid, meta: dict, warps:
                 _seen[key] = None
                 while len(_seen) > GRAPH_CACHE:
                     _seen.popitem(last=False)
-    if got is not None:
-        table, graph = got
-        table.copy_(host, non_blocking=True)
-        graph.replay()
+    if got is not None:  # Note [Pinned graph input]
+        got.call(lambda buf: _table(buf, table))
         graph_stats["replayed"] += 1
         return
-    table = host.to(device, non_blocking=True)
-    anchor = table.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[word])
-    _compiled[grid](table, anchor, n, **meta, num_warps=warps)
+    # torch's pinned-memory cache keeps the block until the copy below has read it.
+    host = torch.empty(3 * n, dtype=torch.int64, pin_memory=True)
+    _table(host.numpy(), table)
+    dev = host.to(device, non_blocking=True)
+    anchor = dev.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[word])
+    _compiled[grid](dev, anchor, n, **meta, num_warps=warps)
     if not capture:
         return
     try:  # after the launch above compiled the kernel
-        graph = capture_graph(
-            lambda: _compiled[grid](table, anchor, n, **meta, num_warps=warps), stream, device)
+        graph = PinnedGraph(
+            dev, lambda: _compiled[grid](dev, anchor, n, **meta, num_warps=warps),
+            torch.cuda.current_stream(device), device)
     except Exception as exc:  # noqa: BLE001 - a capture that fails costs only the graph
         # The launch above is queued either way; this shape keeps Triton's launcher.
         graph_stats["capture_errors"] = graph_stats.get("capture_errors", 0) + 1
         graph_stats["last_capture_error"] = repr(exc)
         return
     with _GRAPH_LOCK:
-        _graphs[key] = (table, graph)  # the table buffer is the graph's from now on
+        _graphs[key] = graph  # the device table is the graph's from now on
         graph_stats["captured"] += 1
         while len(_graphs) > GRAPH_CACHE:
             _graphs.popitem(last=False)
-
-
-def capture_graph(run, stream, device: torch.device) -> torch.cuda.CUDAGraph:
-    """A CUDA graph of the launches `run()` makes, captured on a side stream (a stream being
-    captured may not be the legacy default) ordered after `stream`; the capture runs nothing.
-    Raises what the capture raised (staging_graphs.py uses it too)."""
-    graph = torch.cuda.CUDAGraph()
-    side = torch.cuda.Stream(device)
-    side.wait_stream(stream)
-    try:
-        with torch.cuda.stream(side):
-            graph.capture_begin(capture_error_mode="thread_local")
-            try:
-                run()
-            finally:
-                graph.capture_end()
-    finally:
-        stream.wait_stream(side)
-    return graph

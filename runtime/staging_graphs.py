@@ -10,10 +10,10 @@ offsets from one device buffer, filled by one host-to-device copy, and the stagi
 always the whole arena (a request's region is an offset into it, not a pointer of its own), so
 that requests of one shape at any place in the arena share a graph. A shape's first call runs
 through Triton (compiling the kernels if needed), its second is captured after it runs, later
-ones copy the buffer and replay: two calls on the launching stream, which also orders an
-earlier replay's reads of the buffer before the copy that overwrites it. Graphs are kept per
-`Launches` (one per endpoint, whose arena and pools they point into), the least recently used
-dropped beyond `GRAPH_CACHE`; the `staging_graphs` knob (0) turns them off.
+ones write the values into the graph's pinned buffer and replay it (Note [Pinned graph input]
+in pinned_graph.py). Graphs are kept per `Launches` (one per endpoint, whose arena and pools
+they point into), the least recently used dropped beyond `GRAPH_CACHE`; the `staging_graphs`
+knob (0) turns them off.
 """
 
 from __future__ import annotations
@@ -27,14 +27,14 @@ import numpy as np
 import torch
 
 from . import knobs
+from .pinned_graph import PinnedGraph, on_device
 
 GRAPH_CACHE = 64
 
 
 @dataclass
 class _Graph:
-    values: torch.Tensor  # int64 device buffer the graph's launches read
-    graph: torch.cuda.CUDAGraph
+    pinned: PinnedGraph
     launches: list  # copy_kernels.Prepared: keeps the tensors the graph points at alive
     anchor: object  # what the key names by id() (the link's blocks): alive as long as this
 
@@ -61,8 +61,7 @@ class LaunchGraphs:
                 launch.run()
             self.stats["launched"] += 1
             return
-        with torch.cuda.device(device):
-            self._run_cuda(key, anchor, values, device, build)
+        on_device(device, self._run_cuda, key, anchor, values, device, build)
 
     def _run_cuda(self, key, anchor, values, device, build) -> None:
         # The raw stream handle (what Triton's launcher reads too): no Stream object per call.
@@ -82,17 +81,18 @@ class LaunchGraphs:
                     self._seen[key] = None
                     while len(self._seen) > self.limit:
                         self._seen.popitem(last=False)
+        if got is not None:  # Note [Pinned graph input]
+            def fill(buf: np.ndarray) -> None:
+                buf[:] = values
+
+            got.pinned.call(fill)
+            with self._lock:
+                self.stats["replayed"] += 1
+            return
         # torch's pinned-memory cache keeps the block until the copy below has read it
         host = torch.empty(len(values), dtype=torch.int64, pin_memory=True)
         host.numpy()[:] = values
-        if got is not None:
-            with self._lock:  # two threads on one stream must not interleave copy and replay
-                got.values.copy_(host, non_blocking=True)
-                got.graph.replay()
-                self.stats["replayed"] += 1
-            return
-        dev = torch.empty(len(values), dtype=torch.int64, device=device)
-        dev.copy_(host, non_blocking=True)
+        dev = host.to(device, non_blocking=True)
         launches = build(dev)
         for launch in launches:
             launch.run()
@@ -101,20 +101,18 @@ class LaunchGraphs:
             self._capture(key, anchor, dev, launches, device)
 
     def _capture(self, key, anchor, dev, launches, device) -> None:
-        from .descriptor_copy import capture_graph
-
         def run() -> None:
             for launch in launches:
                 launch.run()
 
         try:  # after the launches above compiled the kernels
-            graph = capture_graph(run, torch.cuda.current_stream(device), device)
+            pinned = PinnedGraph(dev, run, torch.cuda.current_stream(device), device)
         except Exception as exc:  # noqa: BLE001 - a capture that fails costs only the graph
             self.stats["capture_errors"] += 1
             self.last_capture_error = repr(exc)
             return
         with self._lock:
-            self._graphs[key] = _Graph(dev, graph, launches, anchor)
+            self._graphs[key] = _Graph(pinned, launches, anchor)
             self.stats["captured"] += 1
             while len(self._graphs) > self.limit:
                 self._graphs.popitem(last=False)

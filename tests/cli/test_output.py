@@ -474,6 +474,49 @@ def test_vllm_compare_knob_rows_are_pdc_backends_with_their_knobs(tmp_path, monk
     assert C.label("pdc[worker_poll=1]", "nixl") == "pdc[worker_poll=1] (nixl)"
 
 
+def test_vllm_compare_warm_up_requests_go_first_one_at_a_time_outside_the_figures(
+        tmp_path, monkeypatch):
+    from pdc.serving import vllm_compare as C
+
+    class FakeEngine:  # serves nothing
+        def __init__(self, *a, **k):
+            pass
+
+        def wait_up(self):
+            pass
+
+        def stop(self):
+            pass
+
+    calls = []
+
+    def fake_run_pd(pre, dec, prompts, max_tokens, concurrency, flow, replies=None, **k):
+        calls.append((prompts, concurrency, flow.tag))
+        if replies is not None:
+            replies["prefill", 0] = {"ttft_s": 0.02}
+            replies["decode", 0] = {"ttft_s": 0.025}
+        return [[1]] * len(prompts), None, [0.05] * len(prompts), [""] * len(prompts), None
+
+    def fake_run_alone(engine, prompts, max_tokens, concurrency, replies=None):
+        calls.append((prompts, concurrency, "alone"))
+        if replies is not None:
+            replies[0] = {"second_s": 0.03}
+        return [[1]] * len(prompts), [0.01] * len(prompts)
+
+    monkeypatch.setattr(C, "Engine", FakeEngine)
+    monkeypatch.setattr(C, "run_pd", fake_run_pd)
+    monkeypatch.setattr(C, "run_alone", fake_run_alone)
+    run = C.run_backend("python", tmp_path, "model", "fam", "mooncake", "mooncake", 2, [[5]],
+                        [[1]], 4, 3, warmup=[[7, 8], [9]])
+    assert calls == [([[7, 8], [9]], 1, "r2w"), ([[5]], 3, "r2")]
+    assert (run.identical, run.ttft_ms) == (1, [50.0])
+    calls.clear()
+    run = C.run_backend("python", tmp_path, "model", "fam", "mooncake", "alone", 3, [[5]],
+                        [[1]], 4, 3, warmup=[[7]])
+    assert calls == [([[7]], 1, "alone"), ([[5]], 3, "alone")]
+    assert (run.identical, run.ttft_ms) == (1, [10.0])
+
+
 def test_vllm_proxy_flows_of_the_connectors():
     from pdc.serving.vllm_proxy import Flow
 

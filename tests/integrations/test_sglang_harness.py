@@ -1,6 +1,6 @@
-"""The SGLang harness's wait for servers (no SGLang needed): while a server does not answer it
-reports every `every_s` which ones it waits for, and past the deadline it fails naming them
-and their log."""
+"""The SGLang harness without SGLang: while a server does not answer, its wait reports every
+`every_s` which ones it waits for, and past the deadline it fails naming them and their log;
+the cores each kind of server computes on."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from pdc.serving.sglang_harness import HarnessError, Server, free_port, wait_ready
+from pdc.serving.sglang_harness import HarnessError, Server, free_port, server_cores, wait_ready
 
 
 def test_waiting_for_a_silent_server_reports_progress_then_fails_naming_it(tmp_path):
@@ -26,3 +26,10 @@ def test_waiting_for_a_silent_server_reports_progress_then_fails_naming_it(tmp_p
     assert str(e.value) == f"decode not ready within 2 s; {log}:\nloading the model"
     assert said and said[0].startswith("waiting for decode to answer /model_info (")
     assert said[0].endswith(" s of at most 2 s)")
+
+
+def test_prefill_servers_on_the_first_core_decode_and_lone_servers_on_the_last():
+    # Note [Server cores]
+    assert server_cores("prefill", 2) == {"OMP_PROC_BIND": "true", "OMP_PLACES": "{0}"}
+    assert server_cores("decode", 2) == {"OMP_PROC_BIND": "true", "OMP_PLACES": "{1}"}
+    assert server_cores("null", 4) == {"OMP_PROC_BIND": "true", "OMP_PLACES": "{3}"}

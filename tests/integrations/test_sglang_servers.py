@@ -110,6 +110,30 @@ def test_pd_pair_is_token_identical_to_a_plain_server(pair, reference):
     assert all(len(r.tokens) == NEW_TOKENS for r in results)
 
 
+def _places(pid: int) -> set[str]:
+    """The CPU lists every thread of `pid` and of its child processes may run on."""
+    pids, places = [pid], set()
+    while pids:
+        p = pids.pop()
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/status") as f:
+                    places |= {ln.split()[1] for ln in f if ln.startswith("Cpus_allowed_list")}
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    pids += [int(c) for c in f.read().split()]
+        except OSError:
+            continue  # a thread or process that ended meanwhile
+    return places
+
+
+def test_prefill_and_decode_servers_compute_on_a_core_each(pair):
+    # Note [Server cores]: every process and thread of prefill's server on core 0, of
+    # decode's on the last core
+    last = (os.cpu_count() or 1) - 1
+    assert _places(pair.prefill.proc.pid) == {"0"}
+    assert _places(pair.decode.proc.pid) == {str(last)}
+
+
 def test_first_tokens_from_prefill_through_pdcs_router_are_token_identical(pair, reference):
     """Note [SGLang first token from prefill]: every prompt's first token reaches the client
     from prefill's stream, and decode's first token equals it (the router checks)."""

@@ -128,3 +128,27 @@ def test_with_the_knob_off_every_call_goes_through_triton(llama):
         knobs.reset()
     stats = launches.graphs.stats
     assert (stats["launched"], stats["captured"], stats["replayed"]) == (3, 0, 0), stats
+
+
+@_gpu
+def test_replays_queued_back_to_back_each_gather_their_own_items(llama):
+    # Note [Pinned graph input]: six gathers of one shape queued without a wait between them;
+    # each replay's values sit in the graph's one pinned buffer until its copy ran, so a call
+    # must not overwrite them early.
+    layout, plan = llama
+    link = plan.links[1]
+    pools = _pools(layout, plan, "prefill", link.prefill, "cuda:0", 5)
+    blocks, nbytes = staging.link_blocks(link, {"kv": 3, "aux_first_token": 1})
+    launches = staging.Launches(staging.family_kernels(layout))
+    stride = -(-nbytes // 256) * 256
+    arena = torch.zeros(6 * stride, dtype=torch.uint8, device="cuda:0")
+    rng = np.random.default_rng(3)
+    ids = [rng.permutation(PAGES)[:3] for _ in range(6)]
+    for i, got in enumerate(ids):
+        launches.gather_chunk(link, blocks, pools.view, {"kv": (got, np.arange(3))}, None,
+                              arena[i * stride:i * stride + nbytes])
+    for i, got in enumerate(ids):
+        region = arena[i * stride:i * stride + nbytes].cpu()
+        assert torch.equal(region, _want_gather(link, blocks, pools, got, nbytes)), i
+    stats = launches.graphs.stats
+    assert (stats["launched"], stats["captured"], stats["replayed"]) == (2, 1, 4), stats
