@@ -77,6 +77,9 @@ def _knob_rows(texts: list[str]) -> tuple[list[dict], tuple[str, str] | None]:
         help="compare logprobs instead of tokens: each within NATS of the reference's, a "
              "differing token only at a near tie (default: 0.25 for a hybrid family, 0, "
              "token identity, otherwise; 0.1 for an MLA family)"),
+    arg("--warmup", type=int, default=1, metavar="N",
+        help="with --compare or --repeat: requests of other prompts each engine setup answers "
+             "before the measured ones, outside the figures (default: 1; 0: cold engines)"),
 )
 def cmd_vllm_demo(args: argparse.Namespace) -> int:
     """Run prefill and decode as two real vLLM engines with pdc's KV connector between them.
@@ -103,6 +106,7 @@ def cmd_vllm_demo(args: argparse.Namespace) -> int:
                           ("--tokens", args.tokens, 1, MAX_DEMO_NEW_TOKENS),
                           ("--in-flight", args.in_flight, 1, MAX_DEMO_CONCURRENCY),
                           ("--repeat", args.repeat, 1, MAX_DEMO_REPEAT),
+                          ("--warmup", args.warmup, 0, MAX_DEMO_PROMPTS),
                           ("--prefill-engines", args.prefill_engines, 1, MAX_DEMO_ENGINES),
                           ("--decode-engines", args.decode_engines, 1, MAX_DEMO_ENGINES)))
     if bad is None and args.kill_prefill_after is not None:
@@ -129,7 +133,8 @@ def cmd_vllm_demo(args: argparse.Namespace) -> int:
                     comparison=functools.partial(run_comparison, knob_rows=tuple(knob_rows)),
                     decode_engines=args.decode_engines,
                     kill_prefill_after=args.kill_prefill_after,
-                    tie_tolerance=args.tie_tolerance, prefix_caching=args.prefix_caching)
+                    tie_tolerance=args.tie_tolerance, prefix_caching=args.prefix_caching,
+                    warmup=args.warmup)
 
 
 @command(
@@ -168,6 +173,10 @@ def cmd_vllm_demo(args: argparse.Namespace) -> int:
     arg("--warmup", type=int, default=1, metavar="N",
         help="requests of other prompts each server setup answers before the measured ones, "
              "outside the figures (default: 1; 0: measure cold servers)"),
+    arg("--server-cores", default="pinned", choices=["pinned", "shared"],
+        help="pinned: a prefill server on the first core, decode and lone servers on the "
+             "last (Note [Server cores]); shared: every server on every core (default: "
+             "pinned)"),
 )
 def cmd_sglang_demo(args: argparse.Namespace) -> int:
     """Real SGLang prefill and decode servers with pdc's transfer backend, checked token by token.
@@ -215,4 +224,4 @@ def cmd_sglang_demo(args: argparse.Namespace) -> int:
     return run_demo(args.prompts, args.engine, args.compare, args.in_flight, args.tokens,
                     args.seed, args.keep_logs, family=args.family, repeat=args.repeat,
                     timeline=args.timeline, variant=variant, knob_rows=tuple(knob_rows),
-                    warmup=args.warmup)
+                    warmup=args.warmup, shared_cores=args.server_cores == "shared")

@@ -216,14 +216,18 @@ def print_rows(rows: list[Row], n: int, in_flight: int, out=None, load: str = ""
 def run_demo(prompts: int, engine: str, compare: bool, in_flight: int, new_tokens: int,
              seed: int, keep: bool, family: str = "llama", repeat: int = 1,
              timeline: bool = False, variant: V.Variant | None = None,
-             knob_rows: tuple[dict, ...] = (), warmup: int = 1) -> int:
+             knob_rows: tuple[dict, ...] = (), warmup: int = 1,
+             shared_cores: bool = False) -> int:
     """`repeat` runs every backend that many times, each repetition in another order;
     `timeline` has pdc log its transfers and prints their phases (pdc/serving/timeline.py);
     `variant` the servers' DP attention and speculation (Note [Demo variants]); `knob_rows`
-    one more pdc row per environment of knobs (Note [Knob rows])."""
+    one more pdc row per environment of knobs (Note [Knob rows]); `shared_cores` leaves
+    every server unbound instead of a core per role (Note [Server cores])."""
     variant = variant if variant is not None else V.plan_variant(family)
     assert isinstance(variant, V.Variant), variant
     env = dict(variant.env)
+    if shared_cores:
+        env["OMP_PROC_BIND"] = "false"
     if timeline:
         os.environ["PDC_TRANSFER_LOG"] = "1"  # the servers inherit it
     python = H.sglang_python()
@@ -240,6 +244,8 @@ def run_demo(prompts: int, engine: str, compare: bool, in_flight: int, new_token
                    f"{min(map(len, batch))}..{max(map(len, batch))} tokens "
                    f"({H.CHUNK_TOKENS}-token chunks, {H.PAGE_SIZE}-token pages), "
                    f"{new_tokens} greedy tokens each; "
+                   + ("servers on shared cores; " if shared_cores else
+                      "TP-1 servers on a core per role; ")
                    + (f"{variant.label()}; " if variant.label() else "")
                    + (f"logs in {workdir}" if keep else "servers' logs kept only on a failure "
                       "or with --keep-logs")), file=sys.stderr)

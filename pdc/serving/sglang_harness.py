@@ -292,12 +292,28 @@ def start_server(python: str, model: str, name: str, log_dir: str, *, mode: str 
     env = dict(os.environ, **_host_env(host), PDC_SGLANG_ENGINE=engine, **(extra_env or {}))
     if netns:
         argv = ["ip", "netns", "exec", netns, *argv]
+    cores = os.cpu_count() or 1
     if tp > 1:
-        cores = os.cpu_count() or 1
         env["SGLANG_CPU_OMP_THREADS_BIND"] = "|".join(str(r % cores) for r in range(tp))
+    elif "OMP_PROC_BIND" not in (extra_env or {}):  # the caller's own binding, or "false"
+        env.update(server_cores(mode, cores))
     proc = _spawn(name, argv, log_dir, env)
     return Server(name, f"http://{_url_host(host)}:{port}", proc,
                   os.path.join(log_dir, f"{name}.log"))
+
+
+def server_cores(mode: str, cores: int) -> dict[str, str]:
+    """Note [Server cores]: a TP-1 server's scheduler computes on one OpenMP thread; without
+    a place of its own (SGLang binds it only on CPUs with AMX) the prefill and the decode
+    scheduler share both cores of a 2-core box, so prefill's forward and decode's steps
+    take turns on the same core half of the time. As the vLLM demo does (Note [Engine
+    threads] in vllm_proxy.py), a prefill server goes on core 0, a decode server and a
+    server alone on the last core: the launching process binds its main thread when OpenMP
+    starts, and its tokenizer, scheduler and detokenizer processes and their threads (the
+    transfer backend's too) inherit the place. Every backend's servers get the same places;
+    the router and the client stay unbound."""
+    core = 0 if mode == "prefill" else cores - 1
+    return {"OMP_PROC_BIND": "true", "OMP_PLACES": f"{{{core}}}"}
 
 
 def _url_host(host: str) -> str:

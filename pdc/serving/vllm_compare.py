@@ -39,7 +39,7 @@ import os
 import socket
 import statistics
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .knob_rows import folder_name, knob_label
@@ -96,8 +96,11 @@ def label(backend: str, engine_name: str) -> str:
 
 def run_backend(python: str, work: Path, model: str, family: str, engine_name: str,
                 backend: str, rep: int, prompts: list[list[int]], ref: list[list[int]],
-                max_tokens: int, in_flight: int, knobs_env: dict | None = None) -> Run:
-    """`knobs_env`: a pdc row's runtime knobs, for both of its engines."""
+                max_tokens: int, in_flight: int, knobs_env: dict | None = None,
+                warmup: list[list[int]] = ()) -> Run:
+    """`knobs_env`: a pdc row's runtime knobs, for both of its engines; `warmup`: prompts
+    the engines answer first, one at a time, outside the figures (Note [Warm servers] in
+    sglang_demo.py: the cold first request was the p99 of most rows there)."""
     logs = work / f"rep{rep}-{folder_name(backend)}"
     logs.mkdir()
     run = Run(backend, rep, logs)
@@ -107,6 +110,8 @@ def run_backend(python: str, work: Path, model: str, family: str, engine_name: s
             one = Engine(python, logs, "single", model, family, engine_name, core=1)
             engines.append(one)
             one.wait_up()
+            if warmup:
+                run_alone(one, list(warmup), max_tokens, 1)
             replies: dict = {}
             tokens, ttft = run_alone(one, prompts, max_tokens, in_flight, replies)
             errors = [""] * len(prompts)
@@ -136,6 +141,9 @@ def run_backend(python: str, work: Path, model: str, family: str, engine_name: s
                          connector=connector, env=dec_env)
             engines.append(dec)
             dec.wait_up()
+            if warmup:
+                run_pd(pre, dec, list(warmup), max_tokens, concurrency=1,
+                       flow=replace(flow, tag=f"{flow.tag}w"))
             replies = {}
             second = [0.0] * len(prompts)
             tokens, _, ttft, errors, _ = run_pd(pre, dec, prompts, max_tokens,
@@ -165,7 +173,7 @@ def run_backend(python: str, work: Path, model: str, family: str, engine_name: s
 def compare(python: str, work: Path, model: str, family: str, engine_name: str,
             prompts: list[list[int]], ref: list[list[int]], max_tokens: int, in_flight: int,
             repeat: int, backends: tuple[str, ...], phase,
-            knob_envs: dict | None = None) -> list[Run]:
+            knob_envs: dict | None = None, warmup: list[list[int]] = ()) -> list[Run]:
     """Every backend `repeat` times, each repetition in another (rotated) order;
     `knob_envs`: the knobs of each pdc[...] backend."""
     runs = []
@@ -174,7 +182,8 @@ def compare(python: str, work: Path, model: str, family: str, engine_name: str,
         for b in order:
             phase(f"repetition {rep + 1}/{repeat}: {label(b, engine_name)}")
             runs.append(run_backend(python, work, model, family, engine_name, b, rep, prompts,
-                                    ref, max_tokens, in_flight, (knob_envs or {}).get(b)))
+                                    ref, max_tokens, in_flight, (knob_envs or {}).get(b),
+                                    warmup))
     return runs
 
 
@@ -271,18 +280,21 @@ def print_failures(runs: list[Run], engine_name: str, out=None) -> None:
 
 
 def run_comparison(python, work, model, family, engine_name, prompts, ref, max_tokens, in_flight,
-             repeat, with_others, timeline, phase, out, knob_rows: tuple[dict, ...] = ()) -> int:
-    """`knob_rows`: one more pdc backend per environment of knobs (Note [Knob rows])."""
+             repeat, with_others, timeline, phase, out, knob_rows: tuple[dict, ...] = (),
+             warmup: list[list[int]] = ()) -> int:
+    """`knob_rows`: one more pdc backend per environment of knobs (Note [Knob rows]);
+    `warmup`: prompts every engine setup answers first, outside the figures."""
     from ..console import wrap
 
     knob_envs = {knob_label(k): k for k in knob_rows}
     backends = ("pdc", *knob_envs, *BACKENDS[1:]) if with_others else ("pdc", *knob_envs)
     load_before = load_average()
     runs = compare(python, work, model, family, engine_name, prompts, ref, max_tokens,
-                   in_flight, repeat, backends, phase, knob_envs)
+                   in_flight, repeat, backends, phase, knob_envs, warmup)
     print_rows(rows_of(runs, engine_name, len(prompts)), out, wrap(
         f"pdc vllm-demo: {len(prompts)} prompts, {in_flight} in flight, {repeat} "
-        f"repetition(s) interleaved; median over repetitions of each run's TTFT p50 / p99; "
+        f"repetition(s) interleaved, {len(warmup)} warm-up request(s) per engine setup; "
+        f"median over repetitions of each run's TTFT p50 / p99; "
         f"load average {load_before} before, {load_average()} after"))
     print_failures(runs, engine_name, out)
     if timeline:

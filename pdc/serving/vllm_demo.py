@@ -135,7 +135,8 @@ def run_demo(family: str, engine_name: str, n_prompts: int, max_tokens: int, see
              out=None, keep: bool = False, compare: bool = False, in_flight: int = 4,
              repeat: int = 1, timeline: bool = False, prefill_engines: int = 1, comparison=None,
              decode_engines: int = 1, kill_prefill_after: int | None = None,
-             tie_tolerance: float | None = None, prefix_caching: str = "auto") -> int:
+             tie_tolerance: float | None = None, prefix_caching: str = "auto",
+             warmup: int = 1) -> int:
     """Results on `out` (stdout), progress and errors on stderr. `compare` adds vLLM's own
     connectors and one engine alone (pdc/serving/vllm_compare.py); `repeat` runs every backend that
     many times, interleaved; `timeline` has pdc log its transfers and prints their phases
@@ -147,7 +148,9 @@ def run_demo(family: str, engine_name: str, n_prompts: int, max_tokens: int, see
     MLA_TOL_NATS for an MLA family, HYBRID_TIE_TOLERANCE for a hybrid one, 0, i.e.
     identity, otherwise). `prefix_caching`: vLLM's prefix caching on the prefill and decode
     engines, "on", "off" or "auto" (pdc.serving.vllm_engine: on except for a hybrid family);
-    the reference engine runs without (every prompt computed whole)."""
+    the reference engine runs without (every prompt computed whole). `warmup`: with
+    `compare` or `repeat`, requests of other prompts every engine setup answers first,
+    outside the figures."""
     from ..console import Counter, phase_printer, wrap
 
     if timeline:
@@ -198,7 +201,8 @@ def run_demo(family: str, engine_name: str, n_prompts: int, max_tokens: int, see
                 raise DemoError("--compare and --repeat need the comparison runner "
                                 "(pdc.serving.vllm_compare.run_comparison)")
             return comparison(python, work, model, family, engine_name, prompts, ref,
-                            max_tokens, in_flight, repeat, compare, timeline, phase, out)
+                              max_tokens, in_flight, repeat, compare, timeline, phase, out,
+                              warmup=make_prompts(warmup, seed + 1) if warmup else [])
         phase("starting prefill and decode engines")
         many = prefill_engines > 1 or decode_engines > 1
         knobs = {"knobs": FAST_DEATH} if kill_prefill_after is not None else {}
