@@ -305,8 +305,8 @@ def start_server(python: str, model: str, name: str, log_dir: str, *, mode: str 
 def server_cores(mode: str, cores: int) -> dict[str, str]:
     """Note [Server cores]: a TP-1 server's scheduler computes on one OpenMP thread; without
     a place of its own (SGLang binds it only on CPUs with AMX) the prefill and the decode
-    scheduler share both cores of a 2-core box, so prefill's forward and decode's steps
-    take turns on the same core half of the time. As the vLLM demo does (Note [Engine
+    scheduler share both cores of a 2-core box, and prefill's forward may take turns with
+    decode's steps on one core. As the vLLM demo does (Note [Engine
     threads] in vllm_proxy.py), a prefill server goes on core 0, a decode server and a
     server alone on the last core: the launching process binds its main thread when OpenMP
     starts, and its tokenizer, scheduler and detokenizer processes and their threads (the
