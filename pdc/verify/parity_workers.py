@@ -289,7 +289,11 @@ class _Worker:
             prompt, [(c.start_token, c.end_token) for c in chunks])
         state = model.export_state(cache)
         tok0 = model.token_of(logits0)
-        tokens, logits = model.greedy_decode(cache, tok0, case.steps - 1)
+        # Decode steps in the batch shape PD decode runs (padded with idle DP rows where the
+        # model pads): a GEMM of another row count may round differently.
+        D = plan.topology.decode
+        tokens, logits = model.greedy_decode(cache, tok0, case.steps - 1,
+                                             (D.dp, case.decode_group))
         return {"tokens": [tok0] + tokens.tolist(),
                 "logits": _tensor_bytes(torch.cat([logits0[None], logits])),
                 "state": H.state_to_bytes(state)}

@@ -207,6 +207,7 @@ def _backend_hint(exc: Exception) -> str:
 class _Xfer:
     handle: object  # nixl_xfer_handle
     deadline: float  # time.monotonic() after which the batch is cancelled
+    peer: str
     status: str = "PROC"  # "PROC", "DONE" or a failure text
 
 
@@ -250,6 +251,7 @@ class NixlEngine(TransferEngine):
         self._vram: set[int] = set()  # starts of the regions registered as VRAM
         self._reg_dlists: dict[int, object] = {}
         self._peers: set[str] = set()
+        self._peer_info: dict[str, bytes] = {}  # the metadata each peer was last loaded from
         self._inflight: dict[int, _Xfer] = {}
         # The agent is created without NIXL's own locking (sync mode NONE); this lock is it.
         self._lock = threading.Lock()
@@ -297,8 +299,19 @@ class NixlEngine(TransferEngine):
             return metadata
         return _VRAM_PREFIX + str(self._dev).encode() + b":" + metadata
 
+    # Note [Fresh peer metadata]: NIXL merges the regions of a known agent's new metadata into
+    # the ones it already holds and keeps the old ones, so a region the peer deregistered
+    # still shadows a newer one that overlaps it: a write into the newer region past the old
+    # one's end is refused NOT_FOUND (a peer whose buffers of one request die and the next
+    # request's are allocated over them: the parity workers, one engine per process for many
+    # cases). So metadata that differs from what the peer was last loaded from replaces it:
+    # the old is dropped (remove_remote_agent, which also disconnects) and the new loaded,
+    # unless writes to that peer are in flight: the disconnect would fail them, so the new
+    # metadata is then merged as NIXL does (pdc's peers send new metadata with a new endpoint,
+    # before its first request, when nothing is in flight to them).
     def connect(self, agent_info: bytes) -> str:
-        """Adds (or, if already known, refreshes) the peer and opens the UCX connection now."""
+        """Adds the peer, or replaces its registrations with the ones `agent_info` lists
+        (Note [Fresh peer metadata]), and opens the UCX connection now."""
         try:
             metadata = bytes(agent_info)
         except TypeError:
@@ -314,12 +327,17 @@ class NixlEngine(TransferEngine):
                 "with the same device= kind")
         with self._lock:
             self._check_open()
-            try:
-                name = self._agent.add_remote_agent(metadata)
-            except self._errors as exc:
-                raise TransferError(f"nixl: add_remote_agent: {exc!r}{_backend_hint(exc)}") \
-                    from None
-            peer = name.decode() if isinstance(name, bytes) else str(name)
+            peer = self._load_remote(metadata)
+            busy = any(x.peer == peer for x in self._inflight.values())
+            if self._peer_info.get(peer, metadata) != metadata and not busy:
+                # Note [Fresh peer metadata]
+                try:
+                    self._agent.remove_remote_agent(peer)
+                except self._errors as exc:
+                    raise TransferError(f"nixl: cannot drop {peer}'s old registrations: "
+                                        f"{exc!r}") from None
+                self._load_remote(metadata)
+            self._peer_info[peer] = metadata
             self._peers.add(peer)
             self._peer_dev[peer] = peer_dev or 0
             try:
@@ -329,6 +347,14 @@ class NixlEngine(TransferEngine):
                 raise TransferError(f"nixl: cannot connect to {peer}: {exc!r}"
                                     f"{_backend_hint(exc)}") from None
         return peer
+
+    def _load_remote(self, metadata: bytes) -> str:
+        try:
+            name = self._agent.add_remote_agent(metadata)
+        except self._errors as exc:
+            raise TransferError(f"nixl: add_remote_agent: {exc!r}{_backend_hint(exc)}") \
+                from None
+        return name.decode() if isinstance(name, bytes) else str(name)
 
     # -- transfers ----------------------------------------------------------------------------
 
@@ -365,7 +391,7 @@ class NixlEngine(TransferEngine):
                     status = self._agent.transfer(handle)
                 except self._errors as exc:
                     status = f"{exc!r}"
-                xfer = _Xfer(handle, deadline, "PROC" if status == "PROC" else status)
+                xfer = _Xfer(handle, deadline, peer, "PROC" if status == "PROC" else status)
                 batch.handles.append(xfer)
                 self._inflight[id(xfer)] = xfer
             self._settle(batch)
@@ -492,6 +518,7 @@ class NixlEngine(TransferEngine):
                 except self._errors:
                     pass  # already gone; nothing to release
             self._peers.clear()
+            self._peer_info.clear()
             for dlist in self._reg_dlists.values():
                 try:
                     self._agent.deregister_memory(dlist)

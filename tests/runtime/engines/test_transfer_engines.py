@@ -292,6 +292,36 @@ def test_bad_requests_are_refused_with_clear_errors(engine_name):
     engine.close()  # idempotent
 
 
+@pytest.mark.parametrize("engine_name", _engine_params())
+def test_peer_reregistering_over_its_old_region_is_writable_after_connect_again(engine_name):
+    # A peer deregisters a region and registers a wider one over it (the next request's
+    # buffers allocated where the last one's were), then sends its new agent_info: a write
+    # past the old region's end must land (Note [Fresh peer metadata] in nixl.py).
+    writer, reader = make_engine(engine_name), make_engine(engine_name)
+    try:
+        src = source_pattern(4 * SLOT_NBYTES, seed=7)
+        writer.register(src.ctypes.data, src.nbytes)
+        dst = np.zeros(64 * SLOT_NBYTES, np.uint8)
+        base = dst.ctypes.data
+        reader.register(base + SLOT_NBYTES, 8 * SLOT_NBYTES)
+        writer.connect(reader.agent_info())
+        reader.deregister(base + SLOT_NBYTES)
+        reader.register(base, 32 * SLOT_NBYTES)
+        peer = writer.connect(reader.agent_info())
+        # One write each: a batch whose first descriptor lies in the new region alone was
+        # let through where a single one past the old end was refused.
+        for i, slot in enumerate([20, 31, 0, 2]):
+            batch = writer.submit_write(peer, [src.ctypes.data + i * SLOT_NBYTES],
+                                        [base + slot * SLOT_NBYTES], [SLOT_NBYTES])
+            writer.wait(batch, WAIT_TIMEOUT_S)
+            assert writer.poll(batch) is BatchState.DONE, batch.reason
+            got = dst[slot * SLOT_NBYTES:(slot + 1) * SLOT_NBYTES]
+            assert (got == src[i * SLOT_NBYTES:(i + 1) * SLOT_NBYTES]).all()
+    finally:
+        writer.close()
+        reader.close()
+
+
 def test_region_table_containment():
     table = RegionTable([(0x1000, 0x1000), (0x2000, 0x1000), (0x8000, 0x100)])
     addr = np.array([0x1000, 0x1FFF, 0x1F00, 0x2F00, 0x8000, 0x7FFF, 0x0], np.uint64)
