@@ -25,8 +25,8 @@ Note [Parity reference]: chunked prefill is not bitwise equal to one forward ove
 prompt (other GEMM shapes: logits differ by ~1e-7 in float32), so "single-process
 generation" is the same chunk schedule on one cache in one process, and its decode steps
 run in PD decode's batch shape (a DP-attention model's step padded with the idle DP ranks'
-rows: one row alone and two rows were seen to round differently). With one chunk covering
-the prompt and decode dp=1 it is exactly pdc.verify.hf_state.aggregate_generate.
+rows: on an AVX-512/AMX host one row alone and two rows round differently). With one chunk
+covering the prompt and decode dp=1 it is exactly pdc.verify.hf_state.aggregate_generate.
 """
 
 from __future__ import annotations
