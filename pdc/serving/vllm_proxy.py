@@ -176,6 +176,8 @@ def run_pd(prefill: Engine | list[Engine], decode: Engine | list[Engine],
     its first token; with Flow.first_token (Note [First token from prefill] in
     integrations/vllm/scheduler.py) the first token is prefill's, out when its answer
     reaches the proxy, and decode's first token is the client's second."""
+    import zmq
+
     flow = flow or Flow()
     prefills = prefill if isinstance(prefill, list) else [prefill]
     decodes = decode if isinstance(decode, list) else [decode]
@@ -244,8 +246,15 @@ def run_pd(prefill: Engine | list[Engine], decode: Engine | list[Engine],
                     finish(i, f"prefill engine {pre.name} was killed")
         if time.monotonic() > deadline:
             raise DemoError(f"requests {sorted(set(range(n)) - done)} did not finish in time")
+        # One wait over every engine's socket: polling them in turn, 5 ms each, let an answer
+        # wait up to 5 ms per other engine, and prefill's answer is inside the client's TTFT.
+        poller = zmq.Poller()
         for eng in prefills + decodes:
-            if id(eng) in dead or not eng.sock.poll(5):
+            if id(eng) not in dead:
+                poller.register(eng.sock, zmq.POLLIN)
+        ready = dict(poller.poll(5))
+        for eng in prefills + decodes:
+            if id(eng) in dead or eng.sock not in ready:
                 continue
             r = json.loads(eng.sock.recv())
             i = int(r["id"][1:])
