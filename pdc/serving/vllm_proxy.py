@@ -215,6 +215,11 @@ def run_pd(prefill: Engine | list[Engine], decode: Engine | list[Engine],
         if on_done is not None:
             on_done(i)
 
+    # One wait over every engine's socket: polling them in turn, 5 ms each, let an answer
+    # wait up to 5 ms per other engine, and prefill's answer is inside the client's TTFT.
+    poller = zmq.Poller()
+    for eng in prefills + decodes:
+        poller.register(eng.sock, zmq.POLLIN)
     while len(done) < n:
         live = [e for e in prefills if id(e) not in dead]
         for i in list(todo):
@@ -240,18 +245,13 @@ def run_pd(prefill: Engine | list[Engine], decode: Engine | list[Engine],
             kill.engine.proc.wait(10)
             kill.done = True
             dead.add(id(kill.engine))
+            poller.unregister(kill.engine.sock)
             for i, pre in list(at_prefill.items()):
                 if pre is kill.engine:  # its answer never comes: the client sees an error
                     del at_prefill[i]
                     finish(i, f"prefill engine {pre.name} was killed")
         if time.monotonic() > deadline:
             raise DemoError(f"requests {sorted(set(range(n)) - done)} did not finish in time")
-        # One wait over every engine's socket: polling them in turn, 5 ms each, let an answer
-        # wait up to 5 ms per other engine, and prefill's answer is inside the client's TTFT.
-        poller = zmq.Poller()
-        for eng in prefills + decodes:
-            if id(eng) not in dead:
-                poller.register(eng.sock, zmq.POLLIN)
         ready = dict(poller.poll(5))
         for eng in prefills + decodes:
             if id(eng) in dead or eng.sock not in ready:
