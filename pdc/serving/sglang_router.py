@@ -127,6 +127,8 @@ class Upstream:
         data = json.dumps(body).encode()
         for attempt in (0, 1):
             try:
+                if attempt:  # another idle one may be stale too: the server hung up on all
+                    raise queue.Empty
                 conn, reused = self.idle.get_nowait(), True
             except queue.Empty:
                 conn, reused = http.client.HTTPConnection(self.host, self.port,

@@ -146,7 +146,17 @@ def test_the_router_reuses_its_connections_and_sends_again_after_an_idle_close()
     router = FirstTokenRouter([Prefill(p.url, "127.0.0.1", 1)], [d.url]).start()
     try:
         results = [H.generate(router.url, [1], 2) for _ in range(3)]
-        for u in router.upstreams.values():  # the servers hang up on the idle connections
+        # prefill's answer may end after the client's: a request then found its connection
+        # still busy and opened another. Wait until every connection is idle again.
+        upstreams = [(router.upstreams[p.url], p), (router.upstreams[d.url], d)]
+        deadline = time.monotonic() + 10
+        while any(u.idle.qsize() < f.connections for u, f in upstreams):
+            assert time.monotonic() < deadline, [(u.idle.qsize(), f.connections)
+                                                 for u, f in upstreams]
+            time.sleep(0.01)
+        opened = (p.connections, d.connections)
+        assert opened[0] <= 3 and opened[1] == 1  # reused: decode's ends the client's answer
+        for u, _ in upstreams:  # the servers hang up on all the idle connections
             for conn in list(u.idle.queue):
                 conn.sock.shutdown(2)
         results.append(H.generate(router.url, [1], 2))
@@ -155,8 +165,30 @@ def test_the_router_reuses_its_connections_and_sends_again_after_an_idle_close()
         p.close()
         d.close()
     assert [(r.error, r.tokens) for r in results] == [("", [7, 8])] * 4
-    assert (p.connections, d.connections) == (2, 2)  # one each, then one after the hang-up
+    # one new connection each after the hang-up, not a second stale one tried
+    assert (p.connections, d.connections) == (opened[0] + 1, opened[1] + 1)
     assert (len(p.bodies), len(d.bodies)) == (4, 4)  # no request was sent twice
+
+
+def test_after_a_hang_up_on_every_idle_connection_the_request_goes_on_a_new_one():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pdc.serving.sglang_router import Upstream
+
+    server = Fake([[7]], delay_s=0.2, keep_alive=True)
+    upstream = Upstream(server.url, timeout_s=10)
+    try:
+        with ThreadPoolExecutor(2) as pool:  # two at once: two connections, both left idle
+            first = list(pool.map(upstream.fetch, [{"n": 1}, {"n": 2}]))
+        assert (server.connections, upstream.idle.qsize()) == (2, 2)
+        for conn in list(upstream.idle.queue):
+            conn.sock.shutdown(2)
+        again = upstream.fetch({"n": 3})
+    finally:
+        upstream.close()
+        server.close()
+    assert [status for status, _ in first + [again]] == [200, 200, 200]
+    assert server.connections == 3 and [b["n"] for b in server.bodies][2:] == [3]
 
 
 def _req(params, stream=True, logprob=False, out=(7,), finished=False):
