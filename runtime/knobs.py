@@ -136,6 +136,10 @@ KNOBS = {k.name: k for k in (
          "request, a state change of a pdc request, or this long, whichever comes first, "
          "instead of turning again at once (Note [SGLang idle wait] in "
          "integrations/sglang/idle_wait.py); 0: never waits"),
+    Knob("sglang_first_token_early", 1, "0/1", "1: an SGLang prefill server of the pdc "
+         "backend streams a request's first token, when its router asked for it, as the "
+         "request's last chunk goes to pdc, before pdc's transfer worker wakes (Note [SGLang "
+         "first token from prefill]); 0: after SGLang has processed the batch's results"),
     Knob("sglang_cached_send", 0, "0/1", "1: an SGLang prefill server of the pdc backend "
          "sends the pages that are final before the forward (its radix-cache hit, earlier "
          "chunks) before the forward starts (\"lever B\"; same families)"),

@@ -7,9 +7,15 @@ which it receives in the metadata row) leaves decode after the transfer, decode'
 scheduler turn. So a client's TTFT through SGLang's router is prefill's forward plus the
 transfer's tail plus decode's turn. A router that asks for it (`pdc_first_token` in the
 request's `sampling_params.custom_params`, as pdc's router, pdc/serving/sglang_router.py,
-does) gets that token in prefill's stream right after the forward that sampled it: this AFTER
-hook on `process_batch_result_disagg_prefill` streams each such request whose first output
-token was just appended, on a prefill server of the pdc backend only. The router forwards it
+does) gets that token in prefill's stream right after the forward that sampled it, on a
+prefill server of the pdc backend only. A BEFORE hook on `send_kv_chunk` streams it as the
+last chunk is handed to pdc, before the chunk wakes pdc's transfer worker: queued after it,
+the token's way out (scheduler -> detokenizer -> HTTP) waited for the GIL and the core that
+the worker's descriptor building and writes then held. The AFTER hook on
+`process_batch_result_disagg_prefill` streams every other such request whose first output
+token was just appended (one whose decode had not asked yet under SGLang's optimistic
+prefill: its last chunk is sent later), and with the knob sglang_first_token_early=0 every
+one, as before 2026-12-05. The router forwards it
 to the client, then decode's stream from its second token on; decode's first token must equal
 it (the router checks), so the tokens are the ones SGLang's own flow gives under any sampling.
 The transfer, prefill's final (empty) chunk and decode are unchanged. Requests with logprobs
@@ -18,8 +24,11 @@ are left alone (their stream carries per-token logprobs the router would have to
 
 from __future__ import annotations
 
-HOOKED = ("sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin."
-          "process_batch_result_disagg_prefill")
+from pdc.runtime import knobs
+
+_MIXIN = "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin."
+HOOKED = _MIXIN + "process_batch_result_disagg_prefill"
+HOOKED_SEND = _MIXIN + "send_kv_chunk"
 FLAG = "pdc_first_token"
 
 
@@ -31,9 +40,22 @@ def wants_first_token(req) -> bool:
             and getattr(req, "send_token_offset", 0) == 0 and not req.finished())
 
 
+def _pdc_backend(scheduler) -> bool:
+    return getattr(getattr(scheduler, "transfer_backend", None), "value", None) == "pdc"
+
+
+def before_send_kv_chunk(scheduler, req, last_chunk: bool = False, *args, **kwargs):
+    """Stream `req`'s first token before its last chunk goes to pdc, if it asked."""
+    if last_chunk and _pdc_backend(scheduler) and wants_first_token(req) and \
+            knobs.get("sglang_first_token_early"):
+        scheduler.output_streamer.stream_output([req], False)
+    return None
+
+
 def after_prefill_result(result, scheduler, batch, *args, **kwargs):
-    """Stream the first token of every request of `batch` that asked for it."""
-    if getattr(getattr(scheduler, "transfer_backend", None), "value", None) != "pdc":
+    """Stream the first token of every request of `batch` that asked for it and has not
+    had it yet."""
+    if not _pdc_backend(scheduler):
         return None
     early = [req for req in batch.reqs if wants_first_token(req)]
     if early:
@@ -44,4 +66,5 @@ def after_prefill_result(result, scheduler, batch, *args, **kwargs):
 def register_hooks() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    HookRegistry.register(HOOKED_SEND, before_send_kv_chunk, HookType.BEFORE)
     HookRegistry.register(HOOKED, after_prefill_result, HookType.AFTER)

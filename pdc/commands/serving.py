@@ -169,7 +169,8 @@ def cmd_vllm_demo(args: argparse.Namespace) -> int:
              "(llama, qwen3) or MTP (deepseek-mla); needs CUDA"),
     arg("--pdc-knobs", action="append", default=[], metavar="NAME=VALUE[,...]",
         help="one more pdc row whose servers run with these runtime knobs (docs/knobs.md), "
-             "interleaved with the others; repeat the flag for more rows"),
+             "interleaved with the others (with --compare, one in each pdc flow); repeat "
+             "the flag for more rows"),
     arg("--warmup", type=int, default=1, metavar="N",
         help="requests of other prompts each server setup answers before the measured ones, "
              "outside the figures (default: 1; 0: measure cold servers)"),

@@ -109,8 +109,9 @@ def run_pair(python: str, model: str, workdir: str, backend: str, engine: str,
              in_flight: int, rep: int = 0, server_args: tuple[str, ...] = (), tp: int = 1,
              env: dict | None = None, label: str = "", warmup: list[list[int]] = ()) -> Row:
     """`tp` ranks per server (`--dp` runs one per attention-DP group), `env` for both;
-    `label` names the row (default: the backend); the FIRST_TOKEN row sends the prompts
-    through pdc's router instead of SGLang's (Note [SGLang first token from prefill])."""
+    `label` names the row (default: the backend); the FIRST_TOKEN rows (its knob rows too)
+    send the prompts through pdc's router instead of SGLang's (Note [SGLang first token from
+    prefill])."""
     label = label or backend
     print(f"pdc sglang-demo: starting prefill + decode ({label}/{engine}) and the router ...",
           file=sys.stderr)
@@ -122,7 +123,7 @@ def run_pair(python: str, model: str, workdir: str, backend: str, engine: str,
                           decode_tp=tp, prefill_env=env, decode_env=env)
     _waiting(f"{label}/{engine}: the pair and the router answered after "
              f"{time.monotonic() - t_start:.0f} s")
-    router = pair.first_token_router() if label == FIRST_TOKEN else None
+    router = pair.first_token_router() if label.startswith(FIRST_TOKEN) else None
     try:
         H.run_prompts((router or pair.router).url, list(warmup), new_tokens, 1)
         before = H.metrics(pair.prefill.url)
@@ -213,6 +214,22 @@ def print_rows(rows: list[Row], n: int, in_flight: int, out=None, load: str = ""
             print(wrap(f"  FAILED {r.backend}/{r.engine} {e}", indent="    "), file=out)
 
 
+def backend_rows(engine: str, compare: bool, knob_rows: tuple[dict, ...] = ()) -> list[tuple]:
+    """(label, backend, engine, extra environment, extra server arguments) of every row of a
+    run; backend None: the plain server alone. With `compare`, each knob row comes in both of
+    pdc's flows (through SGLang's router and with the first token from prefill)."""
+    rows = [("pdc", "pdc", engine, {}, ())] + [
+        (knob_label(k), "pdc", engine, k, ()) for k in knob_rows]
+    if compare:
+        rows += [(FIRST_TOKEN, "pdc", engine, {}, OPTIMISTIC)] + [
+            (FIRST_TOKEN + knob_label(k)[3:], "pdc", engine, k, OPTIMISTIC)
+            for k in knob_rows] + [
+            ("mooncake", "mooncake", "mooncake", {}, ()),
+            (MOONCAKE_OPTIMISTIC, "mooncake", "mooncake", {}, OPTIMISTIC),
+            (ONE_ENGINE, None, "-", {}, ())]
+    return rows
+
+
 def run_demo(prompts: int, engine: str, compare: bool, in_flight: int, new_tokens: int,
              seed: int, keep: bool, family: str = "llama", repeat: int = 1,
              timeline: bool = False, variant: V.Variant | None = None,
@@ -270,14 +287,7 @@ def run_demo(prompts: int, engine: str, compare: bool, in_flight: int, new_token
             return 1
         reference = [r.tokens for r in ref]
         warm = H.mixed_prompts(warmup, seed + 1)  # Note [Warm servers]
-        # (label, backend, engine, extra environment, extra server arguments); None: the
-        # plain server alone
-        backends = [("pdc", "pdc", engine, {}, ())] + [
-            (knob_label(k), "pdc", engine, k, ()) for k in knob_rows] + (
-            [(FIRST_TOKEN, "pdc", engine, {}, OPTIMISTIC),
-             ("mooncake", "mooncake", "mooncake", {}, ()),
-             (MOONCAKE_OPTIMISTIC, "mooncake", "mooncake", {}, OPTIMISTIC),
-             (ONE_ENGINE, None, "-", {}, ())] if compare else [])
+        backends = backend_rows(engine, compare, knob_rows)
         load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
         rows = []
         for rep in range(repeat):

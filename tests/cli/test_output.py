@@ -569,3 +569,21 @@ def test_sglang_demo_knob_rows_are_checked_against_the_runtime_knobs():
         knob_env("nosuch=1")
     with pytest.raises(ValueError, match="^' , ' names no knob$"):
         knob_env(" , ")
+
+
+def test_sglang_demo_knob_rows_come_in_both_pdc_flows_with_compare():
+    from pdc.serving.sglang_demo import OPTIMISTIC, backend_rows
+
+    knobs = ({"PDC_SGLANG_FIRST_TOKEN_EARLY": "0"},)
+    rows = backend_rows("nixl", True, knobs)
+    assert [(label, backend, engine, env, args) for label, backend, engine, env, args in rows] == [
+        ("pdc", "pdc", "nixl", {}, ()),
+        ("pdc[sglang_first_token_early=0]", "pdc", "nixl", knobs[0], ()),
+        ("pdc, first token from prefill", "pdc", "nixl", {}, OPTIMISTIC),
+        ("pdc, first token from prefill[sglang_first_token_early=0]", "pdc", "nixl", knobs[0],
+         OPTIMISTIC),
+        ("mooncake", "mooncake", "mooncake", {}, ()),
+        ("mooncake, optimistic prefill", "mooncake", "mooncake", {}, OPTIMISTIC),
+        ("one engine", None, "-", {}, ())]
+    assert [r[0] for r in backend_rows("mooncake", False, knobs)] == [
+        "pdc", "pdc[sglang_first_token_early=0]"]

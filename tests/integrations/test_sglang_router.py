@@ -215,3 +215,26 @@ def test_the_hook_streams_only_requests_that_asked_and_can():
     sched.transfer_backend = SimpleNamespace(value="mooncake")
     FT.after_prefill_result(None, sched, batch, None)
     assert len(streamed) == 1  # another backend's prefill is left alone
+
+
+def test_the_first_token_leaves_before_the_last_chunk_and_only_once():
+    ask = {"pdc_first_token": True}
+    streamed = []
+
+    def stream_output(reqs, logprob):  # as SGLang's: the streamed tokens are the client's
+        streamed.append(list(reqs))
+        for r in reqs:
+            r.send_token_offset = len(r.output_ids)
+
+    sched = SimpleNamespace(transfer_backend=SimpleNamespace(value="pdc"),
+                            output_streamer=SimpleNamespace(stream_output=stream_output))
+    sent, pending = _req(ask), _req(ask)  # pending: decode had not asked (optimistic prefill)
+    assert FT.before_send_kv_chunk(sched, sent, last_chunk=False) is None  # an earlier chunk
+    assert streamed == []
+    assert FT.before_send_kv_chunk(sched, sent, True) is None
+    assert streamed == [[sent]]
+    FT.after_prefill_result(None, sched, SimpleNamespace(reqs=[sent, pending]), None)
+    assert streamed == [[sent], [pending]]
+    sched.transfer_backend = SimpleNamespace(value="mooncake")
+    FT.before_send_kv_chunk(sched, _req(ask), True)
+    assert len(streamed) == 2  # another backend's prefill is left alone
