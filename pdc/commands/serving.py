@@ -171,10 +171,9 @@ def cmd_vllm_demo(args: argparse.Namespace) -> int:
         help="one more pdc row whose servers run with these runtime knobs (docs/knobs.md), "
              "interleaved with the others (with --compare, one in each pdc flow); repeat "
              "the flag for more rows"),
-    arg("--warmup", type=int, default=2, metavar="N",
+    arg("--warmup", type=int, default=1, metavar="N",
         help="requests of other prompts each server setup answers before the measured ones, "
-             "outside the figures (default: 2, a short prompt and one of several chunks; 0: "
-             "measure cold servers)"),
+             "outside the figures (default: 1; 0: measure cold servers)"),
     arg("--server-cores", default="pinned", choices=["pinned", "shared"],
         help="pinned: a prefill server on the first core, decode and lone servers on the "
              "last (Note [Server cores]); shared: every server on every core (default: "

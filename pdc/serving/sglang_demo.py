@@ -102,10 +102,6 @@ MOONCAKE_OPTIMISTIC = "mooncake, optimistic prefill"
 # the 2-core box), a decode server of the pdc backend opens its endpoint for the prefill
 # server, and the first forward of a new shape is slow. With 8 prompts per run that one
 # request was the p99 of most rows (BENCHMARKS.md (n)). `--warmup 0` measures them cold.
-# The default is 2 (a 7-token and a 300-token prompt): a plain server's first prompt of
-# several chunks took ~0.7 s where its later ones took 16-35 ms (2026-12-05, the AMX box), so
-# with one short warm-up prompt the server alone had a p99 of ~0.74 s in every repetition
-# and every PD row's p99 overhead came out below zero.
 
 
 def run_pair(python: str, model: str, workdir: str, backend: str, engine: str,
@@ -237,7 +233,7 @@ def backend_rows(engine: str, compare: bool, knob_rows: tuple[dict, ...] = ()) -
 def run_demo(prompts: int, engine: str, compare: bool, in_flight: int, new_tokens: int,
              seed: int, keep: bool, family: str = "llama", repeat: int = 1,
              timeline: bool = False, variant: V.Variant | None = None,
-             knob_rows: tuple[dict, ...] = (), warmup: int = 2,
+             knob_rows: tuple[dict, ...] = (), warmup: int = 1,
              shared_cores: bool = False) -> int:
     """`repeat` runs every backend that many times, each repetition in another order;
     `timeline` has pdc log its transfers and prints their phases (pdc/serving/timeline.py);
