@@ -102,6 +102,9 @@ MOONCAKE_OPTIMISTIC = "mooncake, optimistic prefill"
 # the 2-core box), a decode server of the pdc backend opens its endpoint for the prefill
 # server, and the first forward of a new shape is slow. With 8 prompts per run that one
 # request was the p99 of most rows (BENCHMARKS.md (n)). `--warmup 0` measures them cold.
+# A server counts as started only once SGLang's own warm-up has ended (WARMED in
+# sglang_harness): before, the server alone's third request met SGLang's gc freeze (~0.7 s)
+# in every repetition, and every PD row's p99 overhead came out below zero.
 
 
 def run_pair(python: str, model: str, workdir: str, backend: str, engine: str,

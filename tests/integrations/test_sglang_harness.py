@@ -1,6 +1,7 @@
 """The SGLang harness without SGLang: while a server does not answer, its wait reports every
 `every_s` which ones it waits for, and past the deadline it fails naming them and their log;
-the cores each kind of server computes on."""
+one that answers is ready once its log says SGLang's own warm-up ended; the cores each kind of
+server computes on."""
 
 from __future__ import annotations
 
@@ -26,6 +27,33 @@ def test_waiting_for_a_silent_server_reports_progress_then_fails_naming_it(tmp_p
     assert str(e.value) == f"decode not ready within 2 s; {log}:\nloading the model"
     assert said and said[0].startswith("waiting for decode to answer /model_info (")
     assert said[0].endswith(" s of at most 2 s)")
+
+
+def test_a_server_that_answers_is_ready_only_once_its_log_says_its_warm_up_ended(tmp_path):
+    """SGLang answers /model_info before its own warm-up request and gc freeze are done; a
+    request then met the freeze (Note [Warm servers])."""
+    import threading
+
+    from pdc.serving.sglang_harness import WARMED
+
+    (tmp_path / "model_info").write_text("{}")
+    log = tmp_path / "plain.log"
+    log.write_text("Uvicorn running\n")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind",
+                             "127.0.0.1", "--directory", str(tmp_path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = Server("plain", f"http://127.0.0.1:{port}", proc, str(log))
+    try:
+        with pytest.raises(HarnessError, match="^plain not ready within 3 s; "):
+            wait_ready([server], timeout_s=3.0)
+        wait_ready([server], timeout_s=3.0, logged=None)  # it does answer
+        later = threading.Timer(0.5, lambda: log.write_text(f"Uvicorn running\n{WARMED}\n"))
+        later.start()
+        wait_ready([server], timeout_s=30.0, every_s=0.1)
+        assert WARMED in log.read_text()  # it returned after the line, not before
+    finally:
+        server.stop()
 
 
 def test_prefill_servers_on_the_first_core_decode_and_lone_servers_on_the_last():

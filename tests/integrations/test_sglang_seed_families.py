@@ -12,7 +12,7 @@ token-identical to the plain server: 8 prompts of 1-300 tokens (up to 5 chunks o
 flight; and one request whose transfer is wrong on purpose (the hybrid: its state read from
 another slot; MLA: one latent page read from another page) must come out with other tokens,
 so that the identity above is not pdc moving nothing that matters. Everything in float32
-(Note [Seed families in float32] in pdc/serving/sglang_harness.py).
+(Note [Seed families in float32] in pdc/serving/sglang_models.py).
 
 Needs the SGLang environment of scripts/install-sglang.sh (CI builds it); skipped with that
 reason when it is absent. Servers are shared per family and pair (module-scoped); the
