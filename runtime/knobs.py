@@ -52,6 +52,10 @@ KNOBS = {k.name: k for k in (
          "writes are in flight and every 10 x poll_sleep_s while idle, as before "
          "2026-12-03, instead of sleeping until work or a finished batch wakes it (Note "
          "[Completion wake-up]); a fallback, and the 'before' of bench/worker_wake.py"),
+    Knob("mooncake_status_nice", 0, "nice", "> 0: the Mooncake engine's per-peer thread, "
+         "whose status call spins a core while a batch is written, runs at this nice value "
+         "(1-19), yielding that core to the serving engine's threads (Note [Status spin "
+         "priority] in runtime/engines/mooncake.py); 0: the process's priority"),
     # ~~~ addresses (Note [Bind and advertise] in control.py) ~~~
     Knob("bind_host", "127.0.0.1", "IP", "interface the control sockets (bootstrap server, "
          "hubs) listen on; a wildcard (0.0.0.0, ::) listens on all and then needs "

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .. import knobs
 from .base import (
     Batch,
     BatchState,
@@ -137,6 +138,7 @@ class _PeerWorker:
         self._jobs.put(None)
 
     def _run(self) -> None:
+        _lower_priority(knobs.get("mooncake_status_nice"))
         while True:
             job = self._jobs.get()  # blocks without spinning while idle
             if job is None:
@@ -183,6 +185,21 @@ class _PeerWorker:
         job.batch.state = state
         job.finished.set()
         self._notify()
+
+
+def _lower_priority(nice: int) -> None:
+    """Note [Status spin priority]: Mooncake's status call spins a core until the batch ends
+    (GIL released), on the cores of the engine that writes: on an SGLang prefill server
+    bound to one core it takes half that core from the next forward for as long as the
+    writes last. With the knob mooncake_status_nice > 0 the peer worker that makes the call
+    runs at that nice value (Linux sets it per thread; Mooncake's transport threads, started
+    when the engine opened, keep theirs): the spin then yields to the engine's threads and
+    the transport's, and sees the batch's end late only while those keep the core busy."""
+    if nice > 0 and sys.platform.startswith("linux"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), int(nice))
+        except OSError:
+            pass  # not allowed here: the spin keeps the thread's priority
 
 
 class MooncakeEngine(TransferEngine):

@@ -153,6 +153,52 @@ def test_scattered_write_reaches_every_byte(engine_name):
             engine.close()
 
 
+def _nice(native_id: int) -> int:
+    with open(f"/proc/self/task/{native_id}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[16])  # field 19 of proc(5)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mooncake") is None or
+                    not sys.platform.startswith("linux"), reason="mooncake: library not "
+                    "installed, or not Linux")
+def test_mooncake_status_spin_runs_at_the_knobs_nice_value_and_only_it():
+    """Note [Status spin priority]: the peer worker that spins in Mooncake's status call runs
+    at mooncake_status_nice; every other thread of the process, Mooncake's transport threads
+    among them, keeps its priority, and the bytes arrive."""
+    import threading
+
+    from pdc.runtime import knobs
+
+    plan = make_plan([300], seed=7)
+    src_off, dst_off, nbytes = plan["batches"][0]
+    knobs.override(mooncake_status_nice=19)
+    try:
+        with _Receiver("mooncake", plan["dst_nbytes"]) as receiver:
+            before = {int(t): _nice(int(t)) for t in os.listdir("/proc/self/task")}
+            engine = make_engine("mooncake")
+            try:
+                src = source_pattern(plan["src_nbytes"], plan["seed"])
+                engine.register(src.ctypes.data, src.nbytes)
+                peer = engine.connect(receiver.agent_info)
+                batch = engine.submit_write(peer, src.ctypes.data + src_off,
+                                            receiver.base_addr + dst_off, nbytes)
+                engine.wait(batch, WAIT_TIMEOUT_S)
+                assert engine.poll(batch) is BatchState.DONE
+                spinners = {t.native_id for t in threading.enumerate()
+                            if t.name.startswith("pdc-mooncake-")}
+                assert len(spinners) == 1
+                nices = {int(t): _nice(int(t)) for t in os.listdir("/proc/self/task")}
+                assert [nices[t] for t in spinners] == [19]
+                others = {t: n for t, n in nices.items() if t not in spinners}
+                assert len(others) > len(before)  # Mooncake started its own threads
+                assert set(others.values()) == {before[threading.main_thread().native_id]}
+                receiver.verify(plan, batches_written=[0])
+            finally:
+                engine.close()
+    finally:
+        knobs.reset("mooncake_status_nice")
+
+
 @pytest.mark.parametrize("engine_name", _engine_params())
 def test_write_to_killed_peer_fails_without_hanging(engine_name):
     plan = make_plan([64], seed=99)
