@@ -126,13 +126,12 @@ class Upstream:
         error."""
         data = json.dumps(body).encode()
         for attempt in (0, 1):
-            try:
-                if attempt:  # another idle one may be stale too: the server hung up on all
-                    raise queue.Empty
-                conn, reused = self.idle.get_nowait(), True
-            except queue.Empty:
-                conn, reused = http.client.HTTPConnection(self.host, self.port,
-                                                          timeout=self.timeout_s), False
+            # the retry takes a new one: another idle one may be stale too (the server hung
+            # up on all of them)
+            conn = self._idle() if attempt == 0 else None
+            reused = conn is not None
+            if conn is None:
+                conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
             try:
                 conn.request("POST", "/generate", data, {"content-type": "application/json"})
                 resp = conn.getresponse()
@@ -150,6 +149,12 @@ class Upstream:
                 raise UpstreamError(resp.status, body)
             return conn, resp
         raise AssertionError("unreachable")
+
+    def _idle(self) -> http.client.HTTPConnection | None:
+        try:
+            return self.idle.get_nowait()
+        except queue.Empty:
+            return None
 
     def fetch(self, body: dict) -> tuple[int, bytes]:
         """POST /generate and read the whole answer, whatever its status; raises the
