@@ -52,6 +52,8 @@ def install() -> None:
     from pdc.runtime.endpoints import staged as sg
 
     _wrap(pw.DescriptorTemplate, "build", "prefill.build")
+    if hasattr(pw.DescriptorTemplate, "grids"):  # Note [Descriptor grids]
+        _wrap(pw.DescriptorTemplate, "grids", "prefill.grids")
     _wrap(pw, "check_page_coverage", "prefill.coverage")
     _wrap(pw, "component_pairs", "prefill.pairs")
     for owner, names in [(pw.PrefillWorker, ["_submit", "_finish_success"]),
@@ -80,7 +82,10 @@ def install() -> None:
     eng = os.environ.get("TRACE_ENGINE_CLS")
     if eng:
         mod, cls = eng.rsplit(".", 1)
-        _wrap(getattr(importlib.import_module(mod), cls), "submit_write", "engine.submit_write")
+        owner = getattr(importlib.import_module(mod), cls)
+        _wrap(owner, "submit_write", "engine.submit_write")
+        if "submit_grids" in vars(owner):
+            _wrap(owner, "submit_grids", "engine.submit_grids")
 
     def dump() -> None:
         out = os.environ.get("TRACE_OUT", "trace/t")

@@ -169,10 +169,21 @@ def _prefill(conn, a: dict, case: str) -> None:
         src = np.array([p.base for p in pools], np.uint64)
         dst = np.uint64(d_base) + np.arange(ptp, dtype=np.uint64) * np.uint64(share)
         lens = np.full(ptp, share, np.uint64)
+    grids = None
+    if ptp == 1 and getattr(eng, "takes_grids", False) and knobs.get("descriptor_grids"):
+        from pdc.runtime.engines.base import DescriptorGrid  # Note [Descriptor grids]
+
+        grids = [DescriptorGrid(np.array(s_addrs, np.uint64), np.array(d_addrs, np.uint64),
+                                s_ids.astype(np.uint64) * np.uint64(item),
+                                np.asarray(d_ids, np.uint64) * np.uint64(d_item),
+                                np.full(n, item, np.uint64))]
     times, host = [], []
     for rep in range(a["reps"] + 1):
         t0 = time.perf_counter()
-        batch = eng.submit_write(peer, src, dst, lens)
+        if grids is not None:
+            batch = eng.submit_grids(peer, grids)
+        else:
+            batch = eng.submit_write(peer, src, dst, lens)
         t1 = time.perf_counter()
         eng.wait(batch, STEP_S)
         if rep:
@@ -183,6 +194,7 @@ def _prefill(conn, a: dict, case: str) -> None:
     else:
         crc = _crc(np.concatenate([np.asarray(_crc_bytes(p, share)) for p in pools]))
     eo = {"ms": C.median(times) * 1e3, "bytes": int(lens.sum()), "descriptors": int(src.size),
+          "form": "grids" if grids is not None else "flat",
           "crc": crc, "copy_gbps": _device_copy_gbps(pools[0], nbytes_req, a["reps"]),
           "transport": eng.transport().describe(),
           # host time of one submit_write with its real launches (the write is waited for
@@ -357,6 +369,7 @@ def run_case(args, case: str, rows, checks) -> None:
                  "ratio_to_engine": gbps / eo_gbps, "copy_gbps": eo["copy_gbps"],
                  "ratio_to_copy": gbps / eo["copy_gbps"],
                  "engine_submit_host_us": eo.get("submit_host_us"), "graphs": eo.get("graphs"),
+                 "engine_form": eo.get("form", "flat"),
                  "fixed_ms": ms - nbytes / eo_gbps / 1e6,
                  "init_to_submit_ms": ph[0], "submit_to_done_ms": ph[1],
                  "done_to_success_ms": ph[2], "transport": eo["transport"],

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .engines.base import DescriptorGrid
 from .indices import (
     DecodeTarget,
     IndexError_,
@@ -188,12 +189,13 @@ class DescriptorTemplate:
                        for c, (s, d, lb, rb, why) in bases.items())
         return DescriptorTemplate(link, local, remote, whole_only, partial, groups)
 
-    def build(self, pairs: dict, layers: set[int] | None = None) -> Descriptors:
-        """`build_descriptors(link, local, remote, pairs, layers, whole_only)`, faster."""
+    def grids(self, pairs: dict, layers: set[int] | None = None) -> list[DescriptorGrid] | None:
+        """The chunk's descriptors as one grid per component (Note [Descriptor grids]): the
+        entries' base addresses as rows, the id runs as runs; None where `build` would not
+        use the template either."""
         if layers is not None or self.partial or any(isinstance(k, tuple) for k in pairs):
-            return build_descriptors(self.link, self.local, self.remote, pairs, layers,
-                                     self.whole_only)
-        srcs, dsts, lens = [], [], []
+            return None
+        out = []
         for g in self.groups:
             ids = pairs.get(g.component)
             if ids is None or len(ids[0]) == 0:
@@ -210,16 +212,29 @@ class DescriptorTemplate:
                     int(n.max()) > 1:
                 raise IndexError_(f"component '{g.component}' has pitched items but moves a run "
                                   f"of {int(n.max())}; only one item per request may be pitched")
-            srcs.append((g.src_bases + (ss * lb.stride)[None, :]).reshape(-1))
-            dsts.append((g.dst_bases + (ds * rb.stride)[None, :]).reshape(-1))
-            lens.append(np.broadcast_to(n * lb.item_bytes, (len(g.src_bases), len(n))).reshape(-1))
+            out.append(DescriptorGrid(g.src_bases[:, 0].view(np.uint64),
+                                      g.dst_bases[:, 0].view(np.uint64),
+                                      (ss * lb.stride).view(np.uint64),
+                                      (ds * rb.stride).view(np.uint64),
+                                      (n * lb.item_bytes).view(np.uint64)))
+        return out
+
+    def build(self, pairs: dict, layers: set[int] | None = None) -> Descriptors:
+        """`build_descriptors(link, local, remote, pairs, layers, whole_only)`, faster."""
+        grids = self.grids(pairs, layers)
+        if grids is None:
+            return build_descriptors(self.link, self.local, self.remote, pairs, layers,
+                                     self.whole_only)
+        srcs, dsts, lens = [], [], []
+        for g in grids:
+            s, d, n = g.expand()
+            srcs.append(s)
+            dsts.append(d)
+            lens.append(n)
         if not srcs:
             empty = np.zeros(0, np.uint64)
             return Descriptors(empty, empty.copy(), empty.copy())
-        # int64 -> uint64 as views: addresses and lengths are non-negative
-        return Descriptors(np.concatenate(srcs).view(np.uint64),
-                           np.concatenate(dsts).view(np.uint64),
-                           np.concatenate(lens).astype(np.int64, copy=False).view(np.uint64))
+        return Descriptors(np.concatenate(srcs), np.concatenate(dsts), np.concatenate(lens))
 
 
 def build_descriptors(link: Link, local: dict[str, list[LocalBuffer]],

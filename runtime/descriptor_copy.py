@@ -1,4 +1,5 @@
-"""One kernel launch for a list of (src, dst, nbytes) descriptors on one device.
+"""One kernel launch for a list of (src, dst, nbytes) descriptors, or for descriptor grids
+(Note [Descriptor grids] in engines/base.py), on one device.
 
 An engine that writes device memory it can address (its own, or a peer's opened through CUDA
 IPC) gets a request as descriptors. One cudaMemcpyAsync per descriptor costs ~2-10 µs of host
@@ -30,22 +31,33 @@ COPY_ENGINE_BYTES = 4 << 20
 _MAX_GRID_Y = 65535  # CUDA's gridDim.y; programs loop over the descriptors beyond it
 
 
-def _copy_descriptors(
-    table_ptr,  # int64 [3, n]: source addresses, destination addresses, lengths in vectors
-    word_ptr,  # any tensor of the word type: fixes the pointer type of the addresses
-    n_desc,
-    ALIGN: tl.constexpr,  # bytes every address is a multiple of (hint only)
-    VEC: tl.constexpr,  # words per vector; every length is a multiple of it
-    BLOCK: tl.constexpr,  # words per iteration
-    ITERS: tl.constexpr,  # iterations per program
+def _copy_grid(
+    table_ptr,  # int64: rows [3, n_rows] (source base, destination base, grid), then runs
+    word_ptr,  # [3, n_grids, n_runs] (source offset, destination offset, length in vectors)
+    n_rows,
+    n_runs,
+    n_grids,
+    ALIGN: tl.constexpr,
+    VEC: tl.constexpr,
+    BLOCK: tl.constexpr,
+    ITERS: tl.constexpr,
 ):
+    # Note [Descriptor grids]: descriptor d is row d // n_runs and run d % n_runs of its row's
+    # grid; padded runs have length 0 and copy nothing. A flat list is one row of base 0 whose
+    # runs are the descriptors. Addresses are int64 turned into pointers of the word type.
     chunk = tl.program_id(0).to(tl.int64)
     first = tl.program_id(1).to(tl.int64)
     step = tl.num_programs(1).to(tl.int64)
-    for d in range(first, n_desc, step):
-        src = tl.multiple_of(tl.load(table_ptr + d).to(word_ptr.dtype), ALIGN)
-        dst = tl.multiple_of(tl.load(table_ptr + n_desc + d).to(word_ptr.dtype), ALIGN)
-        n_words = tl.load(table_ptr + 2 * n_desc + d) * VEC
+    runs_ptr = table_ptr + 3 * n_rows
+    n_slots = n_grids * n_runs
+    for d in range(first, n_rows * n_runs, step):
+        row = d // n_runs
+        at = tl.load(table_ptr + 2 * n_rows + row) * n_runs + d - row * n_runs
+        src = tl.multiple_of((tl.load(table_ptr + row) + tl.load(runs_ptr + at))
+                             .to(word_ptr.dtype), ALIGN)
+        dst = tl.multiple_of((tl.load(table_ptr + n_rows + row) +
+                              tl.load(runs_ptr + n_slots + at)).to(word_ptr.dtype), ALIGN)
+        n_words = tl.load(runs_ptr + 2 * n_slots + at) * VEC
         lo = chunk * (ITERS * BLOCK)
         left = tl.maximum(n_words - lo, 0)
         n_iter = tl.minimum((left + BLOCK - 1) // BLOCK, ITERS)
@@ -55,7 +67,7 @@ def _copy_descriptors(
             tl.store(dst + cols, tl.load(src + cols, mask=mask), mask=mask)
 
 
-_compiled = JITFunction(_copy_descriptors, do_not_specialize=["n_desc"])
+_compiled = JITFunction(_copy_grid, do_not_specialize=["n_rows", "n_runs", "n_grids"])
 _interpreted = None
 _INTERPRETER_LOCK = threading.Lock()  # the interpreter patches module state while it runs
 
@@ -67,7 +79,7 @@ def _kernel(device: torch.device):
     if _interpreted is None:
         from triton.runtime.interpreter import InterpretedFunction
 
-        _interpreted = InterpretedFunction(_copy_descriptors)
+        _interpreted = InterpretedFunction(_copy_grid)
     return _interpreted
 
 
@@ -94,6 +106,19 @@ _GRAPH_LOCK = threading.Lock()
 graph_stats: dict = {"captured": 0, "replayed": 0}  # tests and the benches read it
 
 
+def _tiling(gpu: bool, word: int, max_words: int, pad: bool):
+    """(block in words, iterations, warps, chunks) of one launch; `pad` rounds the chunk
+    count up to a power of two so that launches of nearby lengths share a graph."""
+    block_bytes, iters, warps = (1 << 14, 2, 8) if gpu else (1 << 16, 64, 1)
+    block = max(1, block_bytes // word)
+    chunks = -(-max_words // (block * iters))
+    return block, iters, warps, _pow2_at_least(chunks) if pad else chunks
+
+
+def _pow2_at_least(n: int, least: int = 1) -> int:
+    return max(least, 1 << (max(n, 1) - 1).bit_length())
+
+
 def launch(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray, device: torch.device) -> None:
     """Copies every descriptor on `device`'s current stream (queued, not waited for).
 
@@ -105,44 +130,87 @@ def launch(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray, device: torch.d
         return
     align = pow2_alignment(src, dst, nbytes)
     word = min(align, 4)
-    vec = align // word
     gpu = device.type == "cuda"
-    if gpu:
-        block_bytes, iters, warps = 1 << 14, 2, 8
-    else:
-        block_bytes, iters, warps = 1 << 16, 64, 1
-    block = max(1, block_bytes // word)
-    max_words = int(nbytes.max()) // word
-    chunks = -(-max_words // (block * iters))
+    block, iters, warps, chunks = _tiling(gpu, word, int(nbytes.max()) // word, False)
     grid = (chunks, min(n, _MAX_GRID_Y))
-    meta = {"ALIGN": align, "VEC": vec, "BLOCK": block, "ITERS": iters}
+    meta = {"ALIGN": align, "VEC": align // word, "BLOCK": block, "ITERS": iters}
     table = (src, dst, nbytes, align)
-    if not gpu:
-        host = torch.empty(3 * n, dtype=torch.int64)
-        _table(host.numpy(), table)
-        anchor = host.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[word])
-        with _INTERPRETER_LOCK:
-            _kernel(device)[grid](host, anchor, n, **meta)
+    _run(3 + 3 * n, lambda buf: _table(buf, table), (1, n, 1), word, grid, meta, warps, device)
+
+
+def launch_grids(grids: list, device: torch.device) -> None:
+    """`launch` of the descriptors of checked `DescriptorGrid`s (Note [Descriptor grids]),
+    their destination rows already addresses this process may write: the kernel computes each
+    address, so the host writes rows + runs, not rows x runs. The run count is padded to a
+    power of two (runs of length 0) so that requests of nearby lengths replay one graph."""
+    grids = [g for g in grids if g.count]
+    if not grids:
         return
-    on_device(device, _launch_cuda, table, n, word, grid, meta, warps, device)
+    n_rows = sum(len(g.src_rows) for g in grids)
+    n_runs = _pow2_at_least(max(len(g.run_bytes) for g in grids), 8)
+    align = pow2_alignment(*(a for g in grids for a in (g.src_rows, g.dst_rows, g.src_runs,
+                                                        g.dst_runs, g.run_bytes)))
+    word = min(align, 4)
+    gpu = device.type == "cuda"
+    max_words = max(int(g.run_bytes.max()) for g in grids) // word
+    block, iters, warps, chunks = _tiling(gpu, word, max_words, gpu)
+    grid = (chunks, min(n_rows * n_runs, _MAX_GRID_Y))
+    meta = {"ALIGN": align, "VEC": align // word, "BLOCK": block, "ITERS": iters}
+    size = 3 * n_rows + 3 * len(grids) * n_runs
+
+    def fill(buf: np.ndarray) -> None:
+        rows = buf[:3 * n_rows].view(np.uint64).reshape(3, n_rows)
+        runs = buf[3 * n_rows:].view(np.uint64).reshape(3, len(grids), n_runs)
+        at = 0
+        for k, g in enumerate(grids):
+            r, m = len(g.src_rows), len(g.run_bytes)
+            rows[0, at:at + r] = g.src_rows
+            rows[1, at:at + r] = g.dst_rows
+            rows[2, at:at + r] = k
+            at += r
+            runs[0, k, :m] = g.src_runs
+            runs[1, k, :m] = g.dst_runs
+            np.floor_divide(g.run_bytes, np.uint64(align), out=runs[2, k, :m], casting="unsafe")
+            runs[:, k, m:] = 0
+
+    _run(size, fill, (n_rows, n_runs, len(grids)), word, grid, meta, warps, device)
+
+
+def _run(size: int, fill, counts: tuple, word: int, grid, meta: dict, warps: int,
+         device: torch.device) -> None:
+    """One launch over a table of `size` int64 that `fill` writes; `counts`: (rows, runs,
+    grids)."""
+    if device.type != "cuda":
+        host = torch.empty(size, dtype=torch.int64)
+        fill(host.numpy())
+        anchor = host.view(_WORD_DTYPES[word])
+        with _INTERPRETER_LOCK:
+            _kernel(device)[grid](host, anchor, *counts, **meta)
+        return
+    on_device(device, _launch_cuda, size, fill, counts, word, grid, meta, warps, device)
+
+
+_WORD_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
 
 
 def _table(host: np.ndarray, table) -> None:
-    """Write a descriptor table into `host` (int64 [3 * n]): one pass per row, no
-    intermediate arrays (81,920 descriptors for a direct-path 8K Llama-70B request)."""
+    """Write a flat descriptor list into `host` as one grid row of base 0 (int64 [3 + 3 * n]):
+    one pass per row, no intermediate arrays (81,920 descriptors for a direct-path 8K
+    Llama-70B request)."""
     src, dst, nbytes, align = table
-    rows = host.view(np.uint64).reshape(3, len(src))
-    rows[0] = src
-    rows[1] = dst
-    np.floor_divide(nbytes, np.uint64(align), out=rows[2], casting="unsafe")
+    host[:3] = 0
+    runs = host[3:].view(np.uint64).reshape(3, len(src))
+    runs[0] = src
+    runs[1] = dst
+    np.floor_divide(nbytes, np.uint64(align), out=runs[2], casting="unsafe")
 
 
-def _launch_cuda(table, n: int, word: int, grid, meta: dict, warps: int,
+def _launch_cuda(size: int, fill, counts: tuple, word: int, grid, meta: dict, warps: int,
                  device: torch.device) -> None:
     from . import knobs
 
-    key = (device.index, torch._C._cuda_getCurrentRawStream(device.index), n, word, grid,
-           tuple(meta.values()))
+    key = (device.index, torch._C._cuda_getCurrentRawStream(device.index), counts, word,
+           grid, tuple(meta.values()))
     use_graphs = bool(knobs.get("descriptor_copy_graphs"))
     got, capture = None, False
     if use_graphs:
@@ -158,20 +226,21 @@ def _launch_cuda(table, n: int, word: int, grid, meta: dict, warps: int,
                 while len(_seen) > GRAPH_CACHE:
                     _seen.popitem(last=False)
     if got is not None:  # Note [Pinned graph input]
-        got.call(lambda buf: _table(buf, table))
+        got.call(fill)
         graph_stats["replayed"] += 1
         return
     # torch's pinned-memory cache keeps the block until the copy below has read it.
-    host = torch.empty(3 * n, dtype=torch.int64, pin_memory=True)
-    _table(host.numpy(), table)
+    host = torch.empty(size, dtype=torch.int64, pin_memory=True)
+    fill(host.numpy())
     dev = host.to(device, non_blocking=True)
-    anchor = dev.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[word])
-    _compiled[grid](dev, anchor, n, **meta, num_warps=warps)
+    anchor = dev.view(_WORD_DTYPES[word])
+    kernel = _compiled
+    kernel[grid](dev, anchor, *counts, **meta, num_warps=warps)
     if not capture:
         return
     try:  # after the launch above compiled the kernel
         graph = PinnedGraph(
-            dev, lambda: _compiled[grid](dev, anchor, n, **meta, num_warps=warps),
+            dev, lambda: kernel[grid](dev, anchor, *counts, **meta, num_warps=warps),
             torch.cuda.current_stream(device), device)
     except Exception as exc:  # noqa: BLE001 - a capture that fails costs only the graph
         # The launch above is queued either way; this shape keeps Triton's launcher.

@@ -101,6 +101,10 @@ KNOBS = {k.name: k for k in (
          "seen on the same stream replays a CUDA graph instead of Triton's launcher (Note "
          "[Descriptor-copy graphs] in runtime/descriptor_copy.py); 0: every launch through "
          "Triton"),
+    Knob("descriptor_grids", 1, "0/1", "1: the direct path hands an engine that takes them "
+         "(cuda_ipc) a chunk's descriptors as base addresses x id runs, which one kernel expands "
+         "on the device (Note [Descriptor grids] in runtime/engines/base.py); 0: the flat "
+         "descriptor list"),
     Knob("staging_graphs", 1, "0/1", "1: the staged path's copy-kernel launches of one "
          "gather or scatter whose shape ran before on the same stream replay as one CUDA graph "
          "(Note [Staging graphs] in runtime/staging_graphs.py); 0: every launch through Triton"),

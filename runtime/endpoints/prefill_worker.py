@@ -201,6 +201,16 @@ class PrefillWorker(PrefillHost):
             if tmpl is None:
                 tmpl = t.peer.templates[whole_only] = DescriptorTemplate.of(
                     self.links[d], self.local, t.peer.remote, whole_only)
+            grids = None
+            if getattr(self.engine, "takes_grids", False) and not whole_only and \
+                    knobs.get("descriptor_grids"):
+                grids = tmpl.grids(pairs, layers)
+            if grids is not None:  # Note [Descriptor grids]
+                if grids:
+                    self._stamp_first(r)
+                    self._issue(r, d, self.engine.submit_grids(t.peer.engine_peer, grids),
+                                sum(g.total_bytes for g in grids), sum(g.count for g in grids))
+                continue
             desc = tmpl.build(pairs, layers)
             src, dst, nbytes = desc.src, desc.dst, desc.nbytes
             if t.staged is not None:
@@ -209,16 +219,23 @@ class PrefillWorker(PrefillHost):
                                     ((src, s2), (dst, d2), (nbytes, n2)))
             if len(src) == 0:
                 continue
-            if r.stats.batches == 0:
-                r.stats.t_init = time.monotonic()
-            batch = self.engine.submit_write(t.peer.engine_peer, src, dst, nbytes)
-            total = int(nbytes.sum())
-            r.inflight.append(batch)
-            r.stats.bytes += total
-            r.stats.descriptors += len(src)
-            r.stats.batches += 1
-            r.bytes_to[d] = r.bytes_to.get(d, 0) + total
-            r.descriptors_to[d] = r.descriptors_to.get(d, 0) + len(src)
+            self._stamp_first(r)
+            self._issue(r, d, self.engine.submit_write(t.peer.engine_peer, src, dst, nbytes),
+                        int(nbytes.sum()), len(src))
+
+    @staticmethod
+    def _stamp_first(r: _Room) -> None:
+        if r.stats.batches == 0:  # the timeline's "first write submitted"
+            r.stats.t_init = time.monotonic()
+
+    def _issue(self, r: _Room, d: int, batch, total: int, count: int) -> None:
+        """Counts a submitted batch of `count` descriptors and `total` bytes to decode rank d."""
+        r.inflight.append(batch)
+        r.stats.bytes += total
+        r.stats.descriptors += count
+        r.stats.batches += 1
+        r.bytes_to[d] = r.bytes_to.get(d, 0) + total
+        r.descriptors_to[d] = r.descriptors_to.get(d, 0) + count
 
     def _remap_slots(self, r: _Room, c: _Chunk, due: list) -> None:
         """Note [Slot-valued state]: some request-wide rows hold token slots of the KV page

@@ -125,6 +125,14 @@ class TransferEngine(ABC):
         self, peer: str, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray
     ) -> Batch: ...
 
+    # True where `submit_grids` does better than expanding the grids (Note [Descriptor grids])
+    takes_grids: bool = False
+
+    def submit_grids(self, peer: str, grids: list[DescriptorGrid]) -> Batch:
+        """`submit_write` of the descriptors the grids stand for, in their order (Note
+        [Descriptor grids]); engines that can address memory from a grid override it."""
+        return self.submit_write(peer, *expand_grids(grids))
+
     @abstractmethod
     def poll(self, batch: Batch) -> BatchState: ...
 
@@ -195,6 +203,87 @@ def as_descriptors(
         first = int(np.flatnonzero(~ends_ok)[0])
         raise DescriptorError(f"descriptor {first} wraps around the 64-bit address space")
     return src_u, dst_u, nbytes_u
+
+
+# Note [Descriptor grids]: a direct-path chunk of a paged component is every plan entry (a
+# layer's K or V buffer: one base address per side) times every run of contiguous items (an
+# offset per side and a length): 160 x 64 = 10,240 descriptors for a 1K Llama-70B request and
+# 81,920 at 8K, built, checked, translated and tabled in numpy per request (~1 ms of host time
+# on the GPU box, BENCHMARKS.md (p)). A `DescriptorGrid` keeps that product unexpanded: rows
+# (base addresses) and runs (offsets, lengths), descriptor (i, j) = (src_rows[i] +
+# src_runs[j], dst_rows[i] + dst_runs[j], run_bytes[j]), row-major, the order the flat list
+# has. An engine that computes addresses on the device (cuda_ipc) checks each row's span
+# against the registrations and hands rows and runs to one kernel, so its host work is
+# O(rows + runs); every other engine takes `expand_grids` of it through `submit_write`.
+@dataclass(frozen=True)
+class DescriptorGrid:
+    src_rows: np.ndarray  # uint64 [rows]: a row's source base address
+    dst_rows: np.ndarray  # uint64 [rows]: its destination base address
+    src_runs: np.ndarray  # uint64 [runs]: a run's offset from the source row's base
+    dst_runs: np.ndarray  # uint64 [runs]
+    run_bytes: np.ndarray  # uint64 [runs]: bytes of each run
+
+    @property
+    def count(self) -> int:
+        return len(self.src_rows) * len(self.src_runs)
+
+    @property
+    def total_bytes(self) -> int:
+        return len(self.src_rows) * int(self.run_bytes.sum())
+
+    def spans(self) -> tuple[int, int, int, int]:
+        """(source low offset, source span, destination low offset, destination span) in
+        bytes: every descriptor of row i lies in [row + low, row + low + span)."""
+        s_lo, d_lo = int(self.src_runs.min()), int(self.dst_runs.min())
+        return (s_lo, int((self.src_runs + self.run_bytes).max()) - s_lo,
+                d_lo, int((self.dst_runs + self.run_bytes).max()) - d_lo)
+
+    def expand(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        rows = len(self.src_rows)
+        return ((self.src_rows[:, None] + self.src_runs[None, :]).reshape(-1),
+                (self.dst_rows[:, None] + self.dst_runs[None, :]).reshape(-1),
+                np.broadcast_to(self.run_bytes, (rows, len(self.run_bytes))).reshape(-1))
+
+
+def check_grids(grids: list[DescriptorGrid]) -> list[DescriptorGrid]:
+    """The grids as contiguous uint64 arrays, checked the way `as_descriptors` checks a flat
+    list (DescriptorError naming the grid and the problem), empty grids left out."""
+    out = []
+    for k, g in enumerate(grids):
+        arrays = []
+        for label in ("src_rows", "dst_rows", "src_runs", "dst_runs", "run_bytes"):
+            arr = np.asarray(getattr(g, label))
+            if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "ui"):
+                raise DescriptorError(f"grid {k}: {label} must be a 1-D integer array, got "
+                                      f"shape {arr.shape} of {arr.dtype}")
+            if arr.dtype.kind == "i" and arr.size and int(arr.min()) < 0:
+                raise DescriptorError(f"grid {k}: {label} has a negative entry "
+                                      f"({int(arr.min())})")
+            arrays.append(np.ascontiguousarray(arr, dtype=np.uint64))
+        s_rows, d_rows, s_runs, d_runs, n = arrays
+        if s_rows.size != d_rows.size or not (s_runs.size == d_runs.size == n.size):
+            raise DescriptorError(f"grid {k}: rows ({s_rows.size}, {d_rows.size}) or runs "
+                                  f"({s_runs.size}, {d_runs.size}, {n.size}) differ in length")
+        if not s_rows.size or not n.size:
+            continue
+        if not n.all():
+            raise DescriptorError(f"grid {k}: run_bytes[{int(np.flatnonzero(n == 0)[0])}] is 0; "
+                                  "every run must move at least 1 byte")
+        top = 1 << 64
+        if int(s_rows.max()) + int((s_runs + n).max()) >= top or \
+                int(d_rows.max()) + int((d_runs + n).max()) >= top or \
+                bool(((s_runs + n) < s_runs).any() or ((d_runs + n) < d_runs).any()):
+            raise DescriptorError(f"grid {k}: a descriptor wraps around the 64-bit address space")
+        out.append(DescriptorGrid(s_rows, d_rows, s_runs, d_runs, n))
+    if not out:
+        raise DescriptorError("empty write request: no descriptors")
+    return out
+
+
+def expand_grids(grids: list[DescriptorGrid]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The flat (src, dst, nbytes) list the grids stand for, in order."""
+    parts = [g.expand() for g in check_grids(grids)]
+    return tuple(np.concatenate([p[i] for p in parts]) for i in range(3))  # type: ignore[return-value]
 
 
 def check_region(addr: object, nbytes: object) -> tuple[int, int]:

@@ -36,10 +36,12 @@ from .base import (
     Batch,
     BatchState,
     DescriptorError,
+    DescriptorGrid,
     RegionTable,
     TransferError,
     TransportInfo,
     as_descriptors,
+    check_grids,
 )
 from .local import _boot_id, _start_time_ticks
 from .local_device import LocalDeviceEngine, _CudaArray, _device_modules, _locate
@@ -178,6 +180,7 @@ class CudaIpcEngine(LocalDeviceEngine):
     """The local device engine, also across processes through CUDA IPC (module docstring)."""
 
     name = "cuda_ipc"
+    takes_grids = True  # Note [Descriptor grids]
     # The same copies as the local device engine, only across processes: plans are lowered
     # under local's rules (no backend limits), Note [Plan backend].
     plan_backend = "local"
@@ -359,7 +362,6 @@ class CudaIpcEngine(LocalDeviceEngine):
         if not self._alive(peer, target):
             batch.state, batch.reason = BatchState.FAILED, "peer process has exited"
             return batch
-        torch = _device_modules()
         with self._lock:
             self._check_open()
             self._check_ranges(peer, target, src_u, dst_u, nbytes_u)
@@ -383,18 +385,73 @@ class CudaIpcEngine(LocalDeviceEngine):
                 s_small, d_small, n_small = src_u, mdst, nbytes_u
             else:
                 s_small, d_small, n_small = src_u[small], mdst[small], nbytes_u[small]
-            ready = self._ready_event(after)
-            stream = self._stream(self.device, "write")
-            with torch.cuda.device(self.device), torch.cuda.stream(stream):
-                stream.wait_event(ready)
+
+            def queue_copies() -> None:
                 descriptor_copy.launch(s_small, d_small, n_small, self.device)
                 for si, so, di, do, n in jobs:
                     d_views[di][do:do + n].copy_(s_views[si][so:so + n], non_blocking=True)
-                # blocking: the completion thread sleeps on it rather than spinning a core
-                done = torch.cuda.Event(blocking=self._ended is not None)
-                done.record(stream)
-            batch.handles = [done]
-            return self._watch(batch)
+
+            return self._queue(batch, after, queue_copies)
+
+    def submit_grids(self, peer: str, grids: list[DescriptorGrid]) -> Batch:
+        """Note [Descriptor grids]: each row's span is checked against both sides'
+        registrations and its destination translated once, and one kernel computes every
+        descriptor's addresses on the device."""
+        target = self._peers.get(peer)
+        if not isinstance(target, _IpcPeer):
+            return super().submit_grids(peer, grids)
+        grids = check_grids(grids)
+        batch = Batch(peer=peer, handles=[], nbytes=sum(g.total_bytes for g in grids),
+                      descriptors=sum(g.count for g in grids))
+        if not self._alive(peer, target):
+            batch.state, batch.reason = BatchState.FAILED, "peer process has exited"
+            return batch
+        with self._lock:
+            self._check_open()
+            mapped = [self._mapped_grid(peer, target, k, g) for k, g in enumerate(grids)]
+            if not self._cuda:
+                descriptor_copy.launch_grids(mapped, self.device)
+                batch.state = BatchState.DONE
+                return batch
+            return self._queue(batch, None,
+                               lambda: descriptor_copy.launch_grids(mapped, self.device))
+
+    def _mapped_grid(self, peer: str, target: _IpcPeer, k: int,
+                     g: DescriptorGrid) -> DescriptorGrid:
+        """`g` with its destination rows in this process's mapping, once every row's span
+        lies inside one registration on each side."""
+        s_lo, s_span, d_lo, d_span = g.spans()
+        rows = len(g.src_rows)
+        for side, table, at, lo, span in (("source", self._regions, g.src_rows, s_lo, s_span),
+                                          ("destination", target.ranges, g.dst_rows, d_lo,
+                                           d_span)):
+            starts = at + np.uint64(lo)
+            outside = table.outside(starts, np.full(rows, span, np.uint64))
+            if outside.size:
+                i = int(outside[0])
+                owner = "this engine" if side == "source" else peer
+                raise DescriptorError(
+                    f"cuda_ipc: grid {k}, {side} row {i} [{int(starts[i]):#x}, +{span}) is not "
+                    f"inside memory {owner} registered ({outside.size} such); nothing was "
+                    "written")
+        low = g.dst_rows + np.uint64(d_lo)
+        return DescriptorGrid(g.src_rows, target.translate(low) - np.uint64(d_lo), g.src_runs,
+                              g.dst_runs, g.run_bytes)
+
+    def _queue(self, batch: Batch, after, queue_copies) -> Batch:
+        """Runs `queue_copies()` on the engine's write stream after `after` (None: the
+        caller's current stream) and gives the batch its completion event."""
+        torch = _device_modules()
+        ready = self._ready_event(after)
+        stream = self._stream(self.device, "write")
+        with torch.cuda.device(self.device), torch.cuda.stream(stream):
+            stream.wait_event(ready)
+            queue_copies()
+            # blocking: the completion thread sleeps on it rather than spinning a core
+            done = torch.cuda.Event(blocking=self._ended is not None)
+            done.record(stream)
+        batch.handles = [done]
+        return self._watch(batch)
 
     def _check_ranges(self, peer, target, src_u, dst_u, nbytes_u) -> None:
         outside = self._regions.outside(src_u, nbytes_u)

@@ -107,10 +107,11 @@ class Family:
 class Pair:
     """One prefill and one decode endpoint of the tiny family in this process."""
 
-    def __init__(self, fam: Family, boot: BootstrapServer | None = None):
+    def __init__(self, fam: Family, boot: BootstrapServer | None = None,
+                 engine: type[ManualEngine] | None = None):
         self.fam = fam
         self.boot = boot or BootstrapServer(1)
-        self.peng, self.deng = ManualEngine(), ManualEngine()
+        self.peng, self.deng = (engine or ManualEngine)(), ManualEngine()
         self.ppools, self.dpools = fam.pools("prefill"), fam.pools("decode")
         self.pre = PrefillEndpoint(fam.layout, fam.wire, fam.plan, R0, 0, self.peng,
                                    self.ppools, self.boot.address)

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 import torch
 from pdc.runtime.engines import BatchState, DescriptorError, TransferError, make_engine
+from pdc.runtime.engines.base import DescriptorGrid
 from pdc.runtime.engines.cuda_ipc import MAPPINGS, CudaIpcEngine
 from pdc.runtime.engines.local import _start_time_ticks
 
@@ -106,6 +107,11 @@ def _setup(child, n=3, size=1 << 16, seed=0, writer_class=CudaIpcEngine):
     return drv, writer, peer, name, src, dst
 
 
+def _grid(rows_s, rows_d, runs_s, runs_d, run_bytes):
+    u = lambda v: np.asarray(v, np.uint64)  # noqa: E731
+    return DescriptorGrid(u(rows_s), u(rows_d), u(runs_s), u(runs_d), u(run_bytes))
+
+
 def test_made_by_name_and_same_process_peers_keep_the_local_path():
     a = make_engine("cuda_ipc", device="cpu")
     b = make_engine("cuda_ipc", device="cpu")
@@ -116,6 +122,15 @@ def test_made_by_name_and_same_process_peers_keep_the_local_path():
     assert peer.startswith("device:")
     a.wait(a.submit_write(peer, [x.data_ptr()], [y.data_ptr()], [256]), 10)
     assert torch.equal(x, y)
+    # grids to such a peer go expanded through submit_write (TransferEngine.submit_grids)
+    xs, ys = x.data_ptr(), y.data_ptr()
+    y.zero_()
+    a.wait(a.submit_grids(peer, [_grid([xs, xs + 128], [ys + 128, ys], [0, 64], [0, 64],
+                                       [32, 64])]), 10)
+    want = torch.zeros(256, dtype=torch.uint8)
+    want[128:160], want[192:256] = x[0:32], x[64:128]
+    want[0:32], want[64:128] = x[128:160], x[192:256]
+    assert torch.equal(y, want)
     a.close()
     b.close()
 
@@ -217,6 +232,54 @@ def test_interior_region_is_translated_by_its_allocation_offset(child):
     writer.wait(writer.submit_write(name, [src.data_ptr()], [inner.data_ptr() + 16], [512]), 10)
     assert torch.equal(block[8192 + 16:8192 + 528], src[:512])
     assert int(block[:8192 + 16].sum()) == 0
+    writer.close()
+    peer.close()
+
+
+def test_grids_write_the_descriptors_they_stand_for(child):
+    # Note [Descriptor grids]: two grids (three rows over three peer buffers, one row of
+    # another length) land exactly where their expanded flat list would.
+    drv, writer, peer, name, src, dst = _setup(child)
+    s0, d = src.data_ptr(), [t.data_ptr() for t in dst]
+    grids = [_grid([s0, s0 + 8192, s0 + 16384], d, [0, 1024, 4096], [2048, 0, 8192],
+                   [512, 1024, 256]),
+             _grid([s0 + 40000], [d[2] + 30000], [0], [64], [3000])]
+    b = writer.submit_grids(name, grids)
+    assert writer.poll(b) is BatchState.DONE
+    assert (b.descriptors, b.nbytes) == (10, 3 * 1792 + 3000)
+    expect = [t.clone().fill_(0xA5) for t in dst]
+    for g in grids:
+        for s, t, n in zip(*g.expand(), strict=True):
+            k = next(i for i, x in enumerate(d) if x <= int(t) < x + (1 << 16))
+            at, frm = int(t) - d[k], int(s) - s0
+            expect[k][at:at + int(n)] = src[frm:frm + int(n)]
+    for got, want in zip(dst, expect, strict=True):
+        assert torch.equal(got, want)
+    writer.close()
+    peer.close()
+
+
+def test_grid_refusals_name_the_grid_and_row(child):
+    drv, writer, peer, name, src, dst = _setup(child)
+    s0, d0 = src.data_ptr(), dst[0].data_ptr()
+    with pytest.raises(DescriptorError) as e:
+        writer.submit_grids(name, [_grid([s0], [d0], [0], [0], [16]),
+                                   _grid([s0, s0], [d0, d0 + 65500], [0, 64], [0, 64], [8, 8])])
+    assert str(e.value) == (f"cuda_ipc: grid 1, destination row 1 [{d0 + 65500:#x}, +72) is not "
+                            f"inside memory {name} registered (1 such); nothing was written")
+    with pytest.raises(DescriptorError) as e:
+        writer.submit_grids(name, [_grid([s0 - 64], [d0], [0], [0], [16])])
+    assert str(e.value) == (f"cuda_ipc: grid 0, source row 0 [{s0 - 64:#x}, +16) is not inside "
+                            "memory this engine registered (1 such); nothing was written")
+    with pytest.raises(DescriptorError) as e:
+        writer.submit_grids(name, [_grid([s0], [d0], [0, 8], [0, 8], [16, 0])])
+    assert str(e.value) == "grid 0: run_bytes[1] is 0; every run must move at least 1 byte"
+    with pytest.raises(DescriptorError) as e:
+        writer.submit_grids(name, [_grid([s0], [d0, d0], [0], [0], [16])])
+    assert str(e.value) == "grid 0: rows (1, 2) or runs (1, 1, 1) differ in length"
+    with pytest.raises(DescriptorError, match="^empty write request: no descriptors$"):
+        writer.submit_grids(name, [_grid([], [], [0], [0], [16])])
+    assert torch.all(dst[0] == 0xA5)
     writer.close()
     peer.close()
 
@@ -324,6 +387,52 @@ def test_gpu_repeated_shape_replays_a_graph_and_wakes_the_waiter():
         while len(woken) < 4 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert len(woken) == 4
+        eng.close()
+    finally:
+        a.send("stop")
+        p.join(60)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_grids_of_one_shape_land_every_byte_and_replay_a_graph():
+    # Note [Descriptor grids]: 160 rows (a layer's K or V each) x the pages of a request, four
+    # requests of one shape with fresh pages and bytes, and a fifth with fewer runs (padded
+    # into the same graph); every byte read back from the peer process.
+    from pdc.runtime import descriptor_copy
+
+    rows, page, pages = 160, 4096, 48
+    size = rows * 2 * pages * page
+    ctx = mp.get_context("spawn")
+    a, b = ctx.Pipe()
+    p = ctx.Process(target=_gpu_reader, args=(b, size))
+    p.start()
+    try:
+        assert a.poll(120)
+        info, base = a.recv()
+        eng = CudaIpcEngine("cuda:0")
+        src = torch.empty(size // 2, dtype=torch.uint8, device="cuda:0")
+        eng.register_tensor(src)
+        name = eng.connect(info)
+        rng = np.random.default_rng(2)
+        s_rows = src.data_ptr() + np.arange(rows, dtype=np.uint64) * np.uint64(pages * page)
+        d_rows = base + np.arange(rows, dtype=np.uint64) * np.uint64(2 * pages * page)
+        before = dict(descriptor_copy.graph_stats)
+        for n in (40, 40, 40, 40, 33):
+            src.random_(0, 256)
+            s_ids = rng.permutation(pages)[:n].astype(np.uint64)
+            d_ids = rng.permutation(2 * pages)[:n].astype(np.uint64)
+            grid = DescriptorGrid(s_rows, d_rows, s_ids * page, d_ids * page,
+                                  np.full(n, page, np.uint64))
+            eng.wait(eng.submit_grids(name, [grid]), 60)
+            a.send("read")
+            assert a.poll(120)
+            got = torch.frombuffer(bytearray(a.recv()), dtype=torch.uint8)
+            got = got.view(rows, 2 * pages, page)[:, torch.from_numpy(d_ids.astype(np.int64))]
+            want = src.cpu().view(rows, pages, page)[:, torch.from_numpy(s_ids.astype(np.int64))]
+            assert torch.equal(got, want)
+        assert descriptor_copy.graph_stats["captured"] == before["captured"] + 1
+        assert descriptor_copy.graph_stats["replayed"] == before["replayed"] + 3
         eng.close()
     finally:
         a.send("stop")
