@@ -56,6 +56,10 @@ KNOBS = {k.name: k for k in (
          "whose status call spins a core while a batch is written, runs at this nice value "
          "(1-19), yielding that core to the serving engine's threads (Note [Status spin "
          "priority] in runtime/engines/mooncake.py); 0: the process's priority"),
+    Knob("endpoint_cpus", "", "CPU list", "e.g. '1' or '2-3': every thread pdc starts inside "
+         "a serving engine (hub, transfer worker, the engine's and Mooncake's threads) computes "
+         "on these CPUs instead of the engine's cores (Note [Endpoint CPUs] in "
+         "runtime/cpus.py); empty: where the engine's thread that starts them computes"),
     # ~~~ addresses (Note [Bind and advertise] in control.py) ~~~
     Knob("bind_host", "127.0.0.1", "IP", "interface the control sockets (bootstrap server, "
          "hubs) listen on; a wildcard (0.0.0.0, ::) listens on all and then needs "

@@ -59,6 +59,7 @@ from pdc.runtime.control import (
     bootstrap_call,
     fetch_table,
 )
+from pdc.runtime.cpus import on_endpoint_cpus, place_this_thread
 from pdc.runtime.endpoints import DecodeEndpoint, PageState, PrefillEndpoint
 from pdc.runtime.engines import make_engine
 from pdc.runtime.engines.base import SharedRegistrations
@@ -166,10 +167,11 @@ class PdcKVManager(BaseKVManager):
         kwargs.update(self.family.engine_kwargs)
         # A decode server opens one endpoint per prefill server, each registering the same
         # KV and aux buffers: the engine registers them once (Mooncake refuses a second).
-        self.engine = SharedRegistrations(make_engine(self.engine_name, **kwargs))
-        # Decode opens its endpoint at the first request for a prefill server; the engine's
-        # transport report (Mooncake: ~1 s) is asked now, at start, not then.
-        self.engine.transport()
+        with on_endpoint_cpus():  # Note [Endpoint CPUs]: the engine's threads start there
+            self.engine = SharedRegistrations(make_engine(self.engine_name, **kwargs))
+            # Decode opens its endpoint at the first request for a prefill server; the
+            # engine's transport report (Mooncake: ~1 s) is asked now, at start, not then.
+            self.engine.transport()
         self.lock = threading.Lock()
         self.prefill_info_table: dict[str, _PrefillServerInfo] = {}
         self.failures = 0
@@ -215,6 +217,7 @@ class PdcKVManager(BaseKVManager):
     # ~~~ prefill ~~~
 
     def _open_prefill(self) -> None:
+        place_this_thread()  # Note [Endpoint CPUs]: the endpoint's threads start from here
         deadline = time.monotonic() + max(knobs.get("bootstrap_timeout_s"), 300.0)
         while True:
             try:
@@ -262,6 +265,7 @@ class PdcKVManager(BaseKVManager):
         return opened.wait(OPEN_WAIT_S)
 
     def _open_decode(self, bootstrap_addr: str, opened: threading.Event) -> None:
+        place_this_thread()  # Note [Endpoint CPUs]
         t_open = time.monotonic()
         addr = bootstrap_zmq(bootstrap_addr)
         layout = self.family.layout

@@ -44,6 +44,7 @@ from collections import OrderedDict
 
 import torch
 from pdc.runtime import knobs
+from pdc.runtime.cpus import on_endpoint_cpus
 from pdc.runtime.endpoints import DecodeEndpoint, KVPoll, PageState, PrefillEndpoint
 from pdc.runtime.engines import make_engine
 from pdc.runtime.plan_types import RankId
@@ -144,8 +145,9 @@ class PdcWorker:
                 raise self._state_mismatch(name, layer, views, mine, comp)
             for c, v in zip(mine, views, strict=True):
                 self.tensors[(c.name, c.tensors[0], layer)] = v
-        self.engine = make_engine(self.settings.engine,
-                                  **engine_device(self.tensors, self.layout.spec_path))
+        with on_endpoint_cpus():  # Note [Endpoint CPUs]: the engine's threads start there
+            self.engine = make_engine(self.settings.engine,
+                                      **engine_device(self.tensors, self.layout.spec_path))
         self.events = ForwardEvents.of(self.tensors)
         if not self.settings.is_prefill:  # one endpoint per prefill engine, one registration
             self.engine = SharedRegistrations(self.engine)
@@ -208,8 +210,9 @@ class PdcWorker:
             self._queued, self._queued_ids = meta, set()
         if self.prefill_ep is None and meta.bootstrap:
             plan = self._plan(self.tp, self.settings.peer_tp or self.tp)
-            self.prefill_ep = PrefillEndpoint(self.layout, self.wire, plan, self.rank, 0,
-                                              self.engine, self.pools, meta.bootstrap)
+            with on_endpoint_cpus():
+                self.prefill_ep = PrefillEndpoint(self.layout, self.wire, plan, self.rank, 0,
+                                                  self.engine, self.pools, meta.bootstrap)
         for s in meta.send:
             if s.req_id in self._queued_ids or (first_layer and s.after_forward):
                 continue
@@ -267,8 +270,9 @@ class PdcWorker:
         plan = self._plan(prefill_tp, self.tp)
         pools = self._pools(plan) if prefill_tp != (self.settings.peer_tp or self.tp) else \
             self.pools
-        ep = DecodeEndpoint(self.layout, self.wire, plan, self.rank,
-                            self.settings.decode_index, self.engine, pools, bootstrap)
+        with on_endpoint_cpus():
+            ep = DecodeEndpoint(self.layout, self.wire, plan, self.rank,
+                                self.settings.decode_index, self.engine, pools, bootstrap)
         try:
             ep.wait_ready(knobs.get("bootstrap_timeout_s"))
         except Exception:

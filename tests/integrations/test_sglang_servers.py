@@ -154,15 +154,20 @@ def test_first_tokens_with_sglangs_optimistic_prefill(model, workdir, reference)
     """The first-token row of `sglang-demo --compare` runs its servers with SGLang's
     optimistic prefill (prefill's forward does not wait for decode's request; the backend's
     sender then gets its page count and decode's prefix after the forward): every prompt is
-    token-identical, and prefill's log shows forwards that ran before decode asked."""
+    token-identical, and prefill's log shows forwards that ran before decode asked. The pair
+    also runs prefill's pdc threads on decode's core (knob endpoint_cpus, Note [Endpoint
+    CPUs]): SGLang's threads stay on core 0."""
     from pdc.serving.sglang_demo import OPTIMISTIC
 
     logs = os.path.join(workdir, "optimistic")
     os.makedirs(logs, exist_ok=True)
-    p = H.PDPair.start(PYTHON, model, logs, server_args=OPTIMISTIC)
+    last = str((os.cpu_count() or 1) - 1)
+    p = H.PDPair.start(PYTHON, model, logs, server_args=OPTIMISTIC,
+                       prefill_env={"PDC_ENDPOINT_CPUS": last})
     router = p.first_token_router()
     try:
         results = H.run_prompts(router.url, PROMPTS, NEW_TOKENS, in_flight=4)
+        assert _places(p.prefill.proc.pid) == {"0", last}
     finally:
         router.stop()
         p.stop()
