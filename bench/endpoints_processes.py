@@ -14,7 +14,8 @@ Per case the same run also measures
   endpoint, control message or gather/scatter (staged: one descriptor per link; direct: the
   request's page descriptors), and
 - a device copy: one contiguous copy of the request's bytes on the prefill device.
-Time is decode's init() to Success, median of `--reps` requests with fresh page ids (after one
+Time is decode's init() to Success (decode's caller wakes on the endpoint's state-change
+signal, or polls every 0.2 ms), median of `--reps` requests with fresh page ids (after one
 warm-up). `phases` splits it with the prefill senders' own stamps (time.monotonic is one clock
 for both processes): init -> first submit (request message, gather), first submit -> last
 write done, done -> Success (Success message, decode's scatter). Every byte of the first and
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import sys
+import threading
 import time
 import zlib
 
@@ -189,6 +191,21 @@ def _prefill(conn, a: dict, case: str) -> None:
         if rep:
             times.append(time.perf_counter() - t0)
             host.append(t1 - t0)
+    profile_n = int(a.get("profile_submits") or 0)
+    if profile_n:  # where a submit's host time goes: cProfile over more submits, to stderr
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        for _ in range(profile_n):
+            prof.enable()
+            batch = eng.submit_grids(peer, grids) if grids is not None else \
+                eng.submit_write(peer, src, dst, lens)
+            prof.disable()
+            eng.wait(batch, STEP_S)
+        print(f"== cProfile of {profile_n} engine-only submits ({case}, {a['tokens']} tokens)",
+              file=sys.stderr)
+        pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(25)
     if ptp == 1:
         crc = _crc(_pages(pools[0], s_ids))
     else:
@@ -302,6 +319,11 @@ def run_case(args, case: str, rows, checks) -> None:
                              _engine(args.engine, args.decode_device, args.mooncake_protocol),
                              dpools, boot.address)
         dec.wait_ready(120)
+        # Note [State-change signal]: decode's control thread signals each turn that read a
+        # message, so the wait below wakes at the Success; a scatter ended by a CUDA event
+        # only a poll sees, at the wait's bound (0.2 ms, the bench's poll interval before)
+        changed = threading.Event()
+        dec.on_change = changed.set
         times, phases, ok, staged, descs = [], [], True, [], 0
         for rep in range(args.reps + 1):
             room = 100 + rep
@@ -313,9 +335,12 @@ def run_case(args, case: str, rows, checks) -> None:
             rv = dec.receiver(room)
             rv.init(ids, 0, aux_row=0)
             deadline = time.monotonic() + STEP_S
-            while rv.poll() not in (KVPoll.Success, KVPoll.Failed) and \
-                    time.monotonic() < deadline:
-                time.sleep(0.0002)
+            while True:
+                changed.clear()
+                if rv.poll() in (KVPoll.Success, KVPoll.Failed) or \
+                        time.monotonic() > deadline:
+                    break
+                changed.wait(0.0002)
             dt, m1 = time.perf_counter() - t0, time.monotonic()
             if rv.poll() != KVPoll.Success:
                 raise RuntimeError(f"request failed: {rv.reason or 'timed out'}")
@@ -405,6 +430,8 @@ def main() -> int:
                     help="only these (case, tokens) pairs, e.g. tp2-tp1-staged:8192 "
                          "(default: every case at every --tokens-list length)")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--profile-submits", type=int, default=0, metavar="N",
+                    help="also run N engine-only submits under cProfile (table on stderr)")
     ap.add_argument("--prefill-device", default="cuda:0")
     ap.add_argument("--decode-device", default="cuda:0")
     ap.add_argument("--mooncake-protocol", default="auto")

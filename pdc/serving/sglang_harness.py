@@ -306,7 +306,8 @@ def wait_ready(servers: list[Server], timeout_s: float, path: str = "/model_info
                                f"{timeout_s:.0f} s; {pending[0].log}:\n{pending[0].tail()}")
         if pending and progress is not None and time.monotonic() >= next_report:
             next_report += every_s
-            progress(f"waiting for {', '.join(s.name for s in pending)} to answer {path} "
+            what = f"to answer {path}" + (" and finish its warm-up" if logged else "")
+            progress(f"waiting for {', '.join(s.name for s in pending)} {what} "
                      f"({time.monotonic() - t0:.0f} s of at most {timeout_s:.0f} s)")
         if pending:
             time.sleep(min(1.0, every_s))

@@ -25,7 +25,8 @@ def test_waiting_for_a_silent_server_reports_progress_then_fails_naming_it(tmp_p
     finally:
         server.stop()
     assert str(e.value) == f"decode not ready within 2 s; {log}:\nloading the model"
-    assert said and said[0].startswith("waiting for decode to answer /model_info (")
+    assert said and said[0].startswith(
+        "waiting for decode to answer /model_info and finish its warm-up (")
     assert said[0].endswith(" s of at most 2 s)")
 
 
