@@ -62,16 +62,19 @@ def reference(model, workdir):
     return [r.tokens for r in results]
 
 
-# Note [SGLang per-layer sends]: on for the Mooncake pair, off (the default) for NIXL's
-LAYERWISE = {"mooncake": {"PDC_SGLANG_LAYER_SEND": "1", "PDC_SGLANG_CACHED_SEND": "1"},
-             "nixl": {}}
+LAST_CORE = str((os.cpu_count() or 1) - 1)
+# Note [SGLang per-layer sends]: on for the Mooncake pair, off (the default) for NIXL's. The
+# NIXL pair's prefill runs pdc's threads on decode's core (knob endpoint_cpus, Note [Endpoint
+# CPUs]), the Mooncake pair's where the server computes (the default).
+PAIR_ENV = {"mooncake": {"PDC_SGLANG_LAYER_SEND": "1", "PDC_SGLANG_CACHED_SEND": "1"},
+            "nixl": {"PDC_ENDPOINT_CPUS": LAST_CORE}}
 
 
 @pytest.fixture(scope="module", params=["mooncake", "nixl"])
 def pair(request, model, workdir, reference):
     p = H.PDPair.start(PYTHON, model, workdir, engine=request.param,
                        prefill_env={"PDC_SGLANG_FAULTS": FAULTS, "PDC_TRANSFER_LOG": "1",
-                                    **LAYERWISE[request.param]})
+                                    **PAIR_ENV[request.param]})
     yield p
     p.stop()
 
@@ -128,10 +131,12 @@ def _places(pid: int) -> set[str]:
 
 def test_prefill_and_decode_servers_compute_on_a_core_each(pair):
     # Note [Server cores]: every process and thread of prefill's server on core 0, of
-    # decode's on the last core
-    last = (os.cpu_count() or 1) - 1
-    assert _places(pair.prefill.proc.pid) == {"0"}
-    assert _places(pair.decode.proc.pid) == {str(last)}
+    # decode's on the last core; with endpoint_cpus (the NIXL pair, Note [Endpoint CPUs])
+    # prefill's pdc threads on the last core, SGLang's own on core 0
+    engine = "mooncake" if "-mooncake-" in pair.prefill.name else "nixl"
+    pdc_cores = {LAST_CORE} if "PDC_ENDPOINT_CPUS" in PAIR_ENV[engine] else set()
+    assert _places(pair.prefill.proc.pid) == {"0"} | pdc_cores
+    assert _places(pair.decode.proc.pid) == {LAST_CORE}
 
 
 def test_first_tokens_from_prefill_through_pdcs_router_are_token_identical(pair, reference):
@@ -154,20 +159,15 @@ def test_first_tokens_with_sglangs_optimistic_prefill(model, workdir, reference)
     """The first-token row of `sglang-demo --compare` runs its servers with SGLang's
     optimistic prefill (prefill's forward does not wait for decode's request; the backend's
     sender then gets its page count and decode's prefix after the forward): every prompt is
-    token-identical, and prefill's log shows forwards that ran before decode asked. The pair
-    also runs prefill's pdc threads on decode's core (knob endpoint_cpus, Note [Endpoint
-    CPUs]): SGLang's threads stay on core 0."""
+    token-identical, and prefill's log shows forwards that ran before decode asked."""
     from pdc.serving.sglang_demo import OPTIMISTIC
 
     logs = os.path.join(workdir, "optimistic")
     os.makedirs(logs, exist_ok=True)
-    last = str((os.cpu_count() or 1) - 1)
-    p = H.PDPair.start(PYTHON, model, logs, server_args=OPTIMISTIC,
-                       prefill_env={"PDC_ENDPOINT_CPUS": last})
+    p = H.PDPair.start(PYTHON, model, logs, server_args=OPTIMISTIC)
     router = p.first_token_router()
     try:
         results = H.run_prompts(router.url, PROMPTS, NEW_TOKENS, in_flight=4)
-        assert _places(p.prefill.proc.pid) == {"0", last}
     finally:
         router.stop()
         p.stop()
