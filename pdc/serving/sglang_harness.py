@@ -158,7 +158,9 @@ class Server:
         if self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
+            except ProcessLookupError:  # not a group leader (a test's own process): itself
+                self.proc.kill()
+                self.proc.wait(timeout=10)
                 return
             try:
                 self.proc.wait(timeout=20)
