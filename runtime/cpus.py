@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -79,7 +78,3 @@ def on_endpoint_cpus() -> Iterator[None]:
         if moved:
             os.sched_setaffinity(0, before)
 
-
-def thread_cpus(native_id: int | None = None) -> set[int]:
-    """The CPUs a thread of this process may run on (tests and the demos read it)."""
-    return os.sched_getaffinity(native_id or threading.get_native_id())

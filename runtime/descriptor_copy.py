@@ -106,13 +106,17 @@ _GRAPH_LOCK = threading.Lock()
 graph_stats: dict = {"captured": 0, "replayed": 0}  # tests and the benches read it
 
 
-def _tiling(gpu: bool, word: int, max_words: int, pad: bool):
-    """(block in words, iterations, warps, chunks) of one launch; `pad` rounds the chunk
-    count up to a power of two so that launches of nearby lengths share a graph."""
+def _shape(align: int, max_bytes: int, descriptors: int, gpu: bool, pad: bool):
+    """(word bytes, grid, meta, warps) of one launch over `descriptors` descriptors whose
+    longest is `max_bytes`; `pad` rounds the chunk count up to a power of two so that
+    launches of nearby lengths share a graph."""
+    word = min(align, 4)
     block_bytes, iters, warps = (1 << 14, 2, 8) if gpu else (1 << 16, 64, 1)
     block = max(1, block_bytes // word)
-    chunks = -(-max_words // (block * iters))
-    return block, iters, warps, _pow2_at_least(chunks) if pad else chunks
+    chunks = -(-(max_bytes // word) // (block * iters))
+    grid = (_pow2_at_least(chunks) if pad else chunks, min(descriptors, _MAX_GRID_Y))
+    return word, grid, {"ALIGN": align, "VEC": align // word, "BLOCK": block, "ITERS": iters}, \
+        warps
 
 
 def _pow2_at_least(n: int, least: int = 1) -> int:
@@ -129,11 +133,7 @@ def launch(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray, device: torch.d
     if n == 0:
         return
     align = pow2_alignment(src, dst, nbytes)
-    word = min(align, 4)
-    gpu = device.type == "cuda"
-    block, iters, warps, chunks = _tiling(gpu, word, int(nbytes.max()) // word, False)
-    grid = (chunks, min(n, _MAX_GRID_Y))
-    meta = {"ALIGN": align, "VEC": align // word, "BLOCK": block, "ITERS": iters}
+    word, grid, meta, warps = _shape(align, int(nbytes.max()), n, device.type == "cuda", False)
     table = (src, dst, nbytes, align)
     _run(3 + 3 * n, lambda buf: _table(buf, table), (1, n, 1), word, grid, meta, warps, device)
 
@@ -150,12 +150,9 @@ def launch_grids(grids: list, device: torch.device) -> None:
     n_runs = _pow2_at_least(max(len(g.run_bytes) for g in grids), 8)
     align = pow2_alignment(*(a for g in grids for a in (g.src_rows, g.dst_rows, g.src_runs,
                                                         g.dst_runs, g.run_bytes)))
-    word = min(align, 4)
     gpu = device.type == "cuda"
-    max_words = max(int(g.run_bytes.max()) for g in grids) // word
-    block, iters, warps, chunks = _tiling(gpu, word, max_words, gpu)
-    grid = (chunks, min(n_rows * n_runs, _MAX_GRID_Y))
-    meta = {"ALIGN": align, "VEC": align // word, "BLOCK": block, "ITERS": iters}
+    word, grid, meta, warps = _shape(align, max(int(g.run_bytes.max()) for g in grids),
+                                     n_rows * n_runs, gpu, gpu)
     size = 3 * n_rows + 3 * len(grids) * n_runs
 
     def fill(buf: np.ndarray) -> None:
@@ -234,13 +231,12 @@ def _launch_cuda(size: int, fill, counts: tuple, word: int, grid, meta: dict, wa
     fill(host.numpy())
     dev = host.to(device, non_blocking=True)
     anchor = dev.view(_WORD_DTYPES[word])
-    kernel = _compiled
-    kernel[grid](dev, anchor, *counts, **meta, num_warps=warps)
+    _compiled[grid](dev, anchor, *counts, **meta, num_warps=warps)
     if not capture:
         return
     try:  # after the launch above compiled the kernel
         graph = PinnedGraph(
-            dev, lambda: kernel[grid](dev, anchor, *counts, **meta, num_warps=warps),
+            dev, lambda: _compiled[grid](dev, anchor, *counts, **meta, num_warps=warps),
             torch.cuda.current_stream(device), device)
     except Exception as exc:  # noqa: BLE001 - a capture that fails costs only the graph
         # The launch above is queued either way; this shape keeps Triton's launcher.

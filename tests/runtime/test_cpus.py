@@ -8,9 +8,14 @@ import threading
 
 import pytest
 from pdc.runtime import knobs
-from pdc.runtime.cpus import on_endpoint_cpus, parse_cpus, place_this_thread, thread_cpus
+from pdc.runtime.cpus import on_endpoint_cpus, parse_cpus, place_this_thread
 
 CPUS = sorted(os.sched_getaffinity(0))
+
+
+def thread_cpus() -> set[int]:
+    """The CPUs the calling thread may run on."""
+    return os.sched_getaffinity(threading.get_native_id())
 needs_two = pytest.mark.skipif(len(CPUS) < 2, reason="needs two CPUs")
 
 
