@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -67,6 +68,37 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+_RENDEZVOUS_GIVEN: set[int] = set()
+
+
+def rendezvous_port(low: int = 22000, high: int = 29999) -> int:
+    """A port for a server's torch rendezvous store (`--nccl-port`), never one handed out
+    before in this process. Note [Rendezvous ports]: left to itself, each SGLang server draws
+    that port at random below the ephemeral range and binds it only once its scheduler
+    starts; two servers started together (a pair's prefill and decode) can draw the same
+    free port, and the later one dies with EADDRINUSE. Drawing here, from one memory, gives
+    every server of this process its own port; staying below the ephemeral range keeps
+    free_port()'s ports (and every connect()) off it."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            high = min(high, int(f.read().split()[0]) - 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    drawn = min(256, high - low + 1)
+    for port in random.sample(range(low, high + 1), drawn):
+        if port in _RENDEZVOUS_GIVEN:
+            continue
+        try:
+            with socket.socket() as s:
+                s.bind(("0.0.0.0", port))
+        except OSError:
+            continue
+        _RENDEZVOUS_GIVEN.add(port)
+        return port
+    raise HarnessError(f"no free rendezvous port in {low}-{high}: each of the {drawn} drawn is "
+                       "bound or already handed to a server of this process")
 
 
 def make_tiny_model(python: str, out_dir: str, family: str = "llama",
@@ -207,6 +239,8 @@ def start_server(python: str, model: str, name: str, log_dir: str, *, mode: str 
             argv += ["--disaggregation-decode-retraction-backup", "cpu_tensor"]
     if tp > 1:
         argv += ["--tp", str(tp)]
+    if "--nccl-port" not in extra_args:
+        argv += ["--nccl-port", str(rendezvous_port())]
     argv += list(extra_args)
     env = dict(os.environ, **_host_env(host), PDC_SGLANG_ENGINE=engine, **(extra_env or {}))
     if netns:
@@ -397,7 +431,6 @@ def run_prompts(url: str, prompts: list[list[int]], max_new_tokens: int, in_flig
 
 def mixed_prompts(n: int, seed: int = 0, vocab: int = 512) -> list[list[int]]:
     """n prompts of mixed lengths: single pages, partial pages and several chunks."""
-    import random
 
     lengths = (7, 300, 64, 17, 200, 130, 33, 257, 96, 150, 1, 250, 48, 190, 80, 275)
     rng = random.Random(seed)

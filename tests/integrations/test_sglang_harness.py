@@ -62,3 +62,22 @@ def test_prefill_servers_on_the_first_core_decode_and_lone_servers_on_the_last()
     assert server_cores("prefill", 2) == {"OMP_PROC_BIND": "true", "OMP_PLACES": "{0}"}
     assert server_cores("decode", 2) == {"OMP_PROC_BIND": "true", "OMP_PLACES": "{1}"}
     assert server_cores("null", 4) == {"OMP_PROC_BIND": "true", "OMP_PLACES": "{3}"}
+
+
+def test_rendezvous_ports_are_below_the_ephemeral_range_and_never_handed_out_twice():
+    """Note [Rendezvous ports]: a pair's two servers drew the same rendezvous port, and the
+    later one died with EADDRINUSE; a bound port is passed over too."""
+    import socket
+
+    from pdc.serving import sglang_harness as H
+
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    with socket.socket() as held:
+        held.bind(("0.0.0.0", 22000))
+        ports = [H.rendezvous_port(22000, 22009) for _ in range(9)]
+        assert 22000 not in ports
+    assert len(set(ports)) == 9 and all(22000 < p <= 22009 < low for p in ports)
+    with pytest.raises(HarnessError) as e:
+        H.rendezvous_port(22001, 22009)
+    assert str(e.value) == ("no free rendezvous port in 22001-22009: each of the 9 drawn is "
+                            "bound or already handed to a server of this process")
