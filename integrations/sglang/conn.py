@@ -430,11 +430,14 @@ class PdcKVSender(SendsAhead, BaseKVSender):
         if not rest and not last:
             return
         prefix_pages = self.prefix_tokens // self.kv_mgr.page_size
+        sent = self.hold(rest, prefix_pages + start + len(pages) - len(rest), last)
+        if sent is None:
+            return  # Note [SGLang held chunks]
         room = self.bootstrap_room
         slot, ring = (apply_slot_fault(room, _slot(state_indices, types)), apply_slot_fault(
             room, ring_slot(state_indices, types), "wrong_ring")) if last else (-1, -1)
         window = window_pages(state_indices, types) if last else None  # Note [SGLang SWA pools]
-        self.sender.send(rest, prefix_pages + start + len(pages) - len(rest), last,
+        self.sender.send(sent[0], sent[1], last,
                          self.prefix_tokens + self.tokens_sent, slot=slot, ring_slot=ring,
                          aux_row=self.aux_index if last else -1,
                          window_page_ids=apply_window_fault(room, window))

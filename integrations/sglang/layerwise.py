@@ -203,10 +203,13 @@ def _pages(allocator, row, start: int, end: int, page: int) -> list[int]:
 
 class SendsAhead:
     """PdcKVSender's side of Note [SGLang per-layer sends]: the pages it queued before
-    SGLang's send, and where they end (tokens)."""
+    SGLang's send, and where they end (tokens); and of Note [SGLang held chunks]: the pages it
+    keeps until the last chunk."""
 
     ahead: tuple[int, ...] = ()
     queued_until = 0
+    held: tuple[int, ...] = ()  # Note [SGLang held chunks]
+    held_from = 0  # the first held page's position in the request
 
     def can_send_ahead(self) -> bool:
         """Past bootstrap (init() gave the page count), attached, not failed, writing."""
@@ -219,6 +222,36 @@ class SendsAhead:
         self.ahead += tuple(pages)
         self.queued_until = end
         self.kv_mgr.sent_ahead += len(pages)
+
+    def hold(self, pages: list[int], first: int, last: bool) -> tuple[list[int], int] | None:
+        """Note [SGLang held chunks]: SGLang hands prefill's backend each chunk of a chunked
+        request once its forward ends, and pdc's side of that chunk's transfer (the transfer
+        worker, the engine's threads) then computes while the next chunks' forwards do. Where
+        they share the server's cores (a CPU host, or the engine's TCP threads beside the
+        scheduler) every chunk's transfer lengthens the rest of the prefill, and with the
+        first token from prefill (Note [SGLang first token from prefill]) the client's first
+        token too. With the knob sglang_hold_chunks on, a chunk that is not the last is kept
+        here, and the last chunk goes with every kept page (positions from the first kept
+        one: the chunks are consecutive); the first token still goes before the transfer
+        wakes. The transfer then follows the whole forward, as for an unchunked request.
+        Per-layer and cached-prefix sends (the knobs sglang_layer_send, sglang_cached_send)
+        send pages before SGLang does and are left as they are, and so are families with
+        request state beside their pages (hybrid, DSA, SWA: SGLang may free a sliding
+        window's pages before the last chunk). Returns None while holding, else the pages to
+        send and the first one's position."""
+        if not knobs.get("sglang_hold_chunks") or knobs.get("sglang_layer_send") or \
+                knobs.get("sglang_cached_send") or \
+                getattr(self.kv_mgr.kv_args, "state_types", None):
+            return pages, first
+        if not last:
+            if not self.held:
+                self.held_from = first
+            self.held += tuple(pages)
+            return None
+        if not self.held:
+            return pages, first
+        pages, first, self.held = list(self.held) + pages, self.held_from, ()
+        return pages, first
 
     def match_ahead(self, pages: list[int]) -> list[int]:
         """SGLang's pages past those sent ahead (Note [SGLang swapped pages])."""

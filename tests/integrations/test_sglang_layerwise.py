@@ -81,3 +81,21 @@ def test_families_with_request_state_or_speculation_keep_the_after_forward_path(
         "the server speculates (the draft forward reuses layer ids)"
     assert why(enable_two_batch_overlap=True) == \
         "two-batch overlap runs each layer twice per forward"
+
+
+def test_held_chunks_go_with_the_last_one_from_the_first_held_position(monkeypatch):
+    """Note [SGLang held chunks]."""
+    kv = _kv()
+    kv.kv_mgr.kv_args = SimpleNamespace(state_types=())
+    assert kv.hold([7, 8], 0, False) == ([7, 8], 0)  # the knob off: each chunk as it comes
+    monkeypatch.setenv("PDC_SGLANG_HOLD_CHUNKS", "1")
+    assert kv.hold([7, 8], 3, False) is None
+    assert kv.hold([9], 5, False) is None
+    assert kv.hold([4, 2], 6, True) == ([7, 8, 9, 4, 2], 3)
+    assert kv.held == ()
+    assert kv.hold([5], 0, True) == ([5], 0)  # an unchunked request: nothing held
+    monkeypatch.setenv("PDC_SGLANG_LAYER_SEND", "1")  # pages go before SGLang's send
+    assert kv.hold([7], 0, False) == ([7], 0)
+    monkeypatch.delenv("PDC_SGLANG_LAYER_SEND")
+    kv.kv_mgr.kv_args = SimpleNamespace(state_types=("swa",))  # a window SGLang may free
+    assert kv.hold([7], 0, False) == ([7], 0)

@@ -65,9 +65,10 @@ def reference(model, workdir):
 LAST_CORE = str((os.cpu_count() or 1) - 1)
 # Note [SGLang per-layer sends]: on for the Mooncake pair, off (the default) for NIXL's. The
 # NIXL pair's prefill runs pdc's threads on decode's core (knob endpoint_cpus, Note [Endpoint
-# CPUs]), the Mooncake pair's where the server computes (the default).
+# CPUs]), the Mooncake pair's where the server computes (the default); it holds a chunked
+# request's chunks until the last (knob sglang_hold_chunks, Note [SGLang held chunks]).
 PAIR_ENV = {"mooncake": {"PDC_SGLANG_LAYER_SEND": "1", "PDC_SGLANG_CACHED_SEND": "1"},
-            "nixl": {"PDC_ENDPOINT_CPUS": LAST_CORE}}
+            "nixl": {"PDC_ENDPOINT_CPUS": LAST_CORE, "PDC_SGLANG_HOLD_CHUNKS": "1"}}
 
 
 @pytest.fixture(scope="module", params=["mooncake", "nixl"])
@@ -190,6 +191,8 @@ def test_prefix_hits_keep_the_tokens_and_layers_leave_during_the_forward(pair, r
         assert early > 0  # a layer's pages were written before that forward ended
     else:
         assert early == 0
+        # Note [SGLang held chunks]: one write per request, the prompts of 5 chunks too
+        assert max(r["batches"] for r in records) == 1
 
 
 @pytest.mark.parametrize("room, reason", [
