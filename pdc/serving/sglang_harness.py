@@ -70,35 +70,45 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-_RENDEZVOUS_GIVEN: set[int] = set()
+_PORTS_GIVEN: set[int] = set()
+# SGLang's ports next to a server's own (`PortArgs.init_new`, server_args.py: its ZeroMQ ports
+# from port + 233 on, under DP attention)
+SGLANG_NEXT_PORTS = tuple(range(233, 241))
 
 
-def rendezvous_port(low: int = 22000, high: int = 29999) -> int:
-    """A port for a server's torch rendezvous store (`--nccl-port`), never one handed out
-    before in this process. Note [Rendezvous ports]: left to itself, each SGLang server draws
-    that port at random below the ephemeral range and binds it only once its scheduler
-    starts; two servers started together (a pair's prefill and decode) can draw the same
-    free port, and the later one dies with EADDRINUSE. Drawing here, from one memory, gives
-    every server of this process its own port; staying below the ephemeral range keeps
-    free_port()'s ports (and every connect()) off it."""
+def harness_port(low: int = 20000, high: int = 29999, beside: tuple[int, ...] = ()) -> int:
+    """A port for a server (HTTP, bootstrap, router, torch rendezvous), never one handed out
+    before in this process, nor `beside` one (port + offset, ports the server derives).
+
+    Note [Harness ports]: a port found free is bound by the server only seconds later (an
+    SGLang server listens once its model is loaded). Drawn from the kernel's ephemeral range
+    (free_port()), it was taken meanwhile by another socket's ephemeral port once in a while:
+    the harness's own HTTP polls and the client's requests open one per connection, and a
+    decode server failed to listen (EADDRINUSE, 2026-12-06). And SGLang draws its torch
+    rendezvous port (`--nccl-port`) itself, at random below the ephemeral range, binding it
+    at start too: a pair's two servers drew the same one and decode died (a CI run,
+    2026-12-06). So every port the harness hands a server comes from here: below the ephemeral
+    range, where the kernel never puts an ephemeral port, and from one memory, so that no two
+    servers of this process get one port."""
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            high = min(high, int(f.read().split()[0]) - 1)
+            high = min(high, int(f.read().split()[0]) - 1 - max(beside, default=0))
     except (OSError, ValueError, IndexError):
         pass
     drawn = min(256, high - low + 1)
     for port in random.sample(range(low, high + 1), drawn):
-        if port in _RENDEZVOUS_GIVEN:
+        wanted = {port} | {port + b for b in beside}
+        if wanted & _PORTS_GIVEN:
             continue
         try:
             with socket.socket() as s:
                 s.bind(("0.0.0.0", port))
         except OSError:
             continue
-        _RENDEZVOUS_GIVEN.add(port)
+        _PORTS_GIVEN.update(wanted)
         return port
-    raise HarnessError(f"no free rendezvous port in {low}-{high}: each of the {drawn} drawn is "
-                       "bound or already handed to a server of this process")
+    raise HarnessError(f"no free port in {low}-{high}: each of the {drawn} drawn is bound or "
+                       "already handed to a server of this process")
 
 
 def make_tiny_model(python: str, out_dir: str, family: str = "llama",
@@ -223,7 +233,7 @@ def start_server(python: str, model: str, name: str, log_dir: str, *, mode: str 
     each bound to one core (SGLANG_CPU_OMP_THREADS_BIND "0|1|..."; without it SGLang refuses
     more ranks than NUMA nodes, `utils/numa_utils.py:463`), so every rank runs one thread like
     a TP-1 server does."""
-    port = free_port()
+    port = harness_port(beside=SGLANG_NEXT_PORTS)  # Note [Harness ports]
     argv = [python, "-m", "sglang.launch_server", "--model-path", model, "--device", "cpu",
             "--skip-tokenizer-init", "--attention-backend", "torch_native",
             "--sampling-backend", "pytorch", "--dtype", "bfloat16",
@@ -240,7 +250,7 @@ def start_server(python: str, model: str, name: str, log_dir: str, *, mode: str 
     if tp > 1:
         argv += ["--tp", str(tp)]
     if "--nccl-port" not in extra_args:
-        argv += ["--nccl-port", str(rendezvous_port())]
+        argv += ["--nccl-port", str(harness_port())]
     argv += list(extra_args)
     env = dict(os.environ, **_host_env(host), PDC_SGLANG_ENGINE=engine, **(extra_env or {}))
     if netns:
@@ -289,7 +299,7 @@ def start_router(python: str, prefill: Server, bootstrap_port: int, decode: Serv
     worker list), or with `mini_lb=False` the Rust router, whose worker list changes at run
     time (POST /workers, DELETE /workers/ID). `more` adds (prefill, bootstrap port) pairs and
     decode servers."""
-    port = free_port()
+    port = harness_port()
     argv = [python, "-m", "sglang_router.launch_router", "--pd-disaggregation",
             "--prefill", prefill.url, str(bootstrap_port), "--decode", decode.url]
     for extra in more:
@@ -314,13 +324,14 @@ def _get(url: str, timeout_s: float = 5.0) -> bytes:
 # answers /model_info before, and a request sent then met the freeze (a plain server's third
 # request took ~0.7 s where the rest took 10-35 ms, the p99 of every one-engine row).
 WARMED = "The server is fired up and ready to roll!"
+UNBOUND = "error while attempting to bind on address"  # uvicorn's words
 
 
 def wait_ready(servers: list[Server], timeout_s: float, path: str = "/model_info",
                progress=None, every_s: float = 10.0, logged: str | None = WARMED) -> None:
     """Until every server answers `path` and, with `logged`, has that line in its log. A
     server that exits, or one still not ready after `timeout_s`, raises HarnessError with
-    its log's tail. `progress(text)` hears, every `every_s`, which servers it still waits for
+    its log's tail, and so does one whose log says it could not listen. `progress(text)` hears, every `every_s`, which servers it still waits for
     and since when (a CPU server takes a minute or more to start)."""
     t0 = time.monotonic()
     deadline = t0 + timeout_s
@@ -334,6 +345,9 @@ def wait_ready(servers: list[Server], timeout_s: float, path: str = "/model_info
             try:
                 _get(s.url + path, 2.0)
             except (urllib.error.URLError, OSError):
+                if UNBOUND in s.tail(2_000):  # it would stay up without listening
+                    raise HarnessError(f"{s.name} could not listen on its port; "
+                                       f"{s.log}:\n{s.tail()}") from None
                 continue
             if logged is None or logged in s.tail(10_000):
                 pending.remove(s)
@@ -502,7 +516,7 @@ class PDPair:
         decode, router) namespace hosts (pdc.netns.Host) puts each on its own; call it
         inside the router's namespace (pdc.netns.inside), which reaches the other two.
         `secret_file` authenticates pdc's control plane (PDC_CONTROL_SECRET_FILE)."""
-        bport = free_port()
+        bport = harness_port()
         auth = {"PDC_CONTROL_SECRET_FILE": secret_file} if secret_file else {}
         prefill_env = dict(prefill_env or {}, **auth)
         decode_env = dict(decode_env or {}, **auth)

@@ -64,20 +64,39 @@ def test_prefill_servers_on_the_first_core_decode_and_lone_servers_on_the_last()
     assert server_cores("null", 4) == {"OMP_PROC_BIND": "true", "OMP_PLACES": "{3}"}
 
 
-def test_rendezvous_ports_are_below_the_ephemeral_range_and_never_handed_out_twice():
-    """Note [Rendezvous ports]: a pair's two servers drew the same rendezvous port, and the
-    later one died with EADDRINUSE; a bound port is passed over too."""
+def test_harness_ports_are_below_the_ephemeral_range_and_never_handed_out_twice():
+    """Note [Harness ports]: a pair's two servers drew the same rendezvous port, and a
+    server's HTTP port was taken by an ephemeral one before it listened; a bound port, and
+    ports another server derives from its own, are passed over too."""
     import socket
 
     from pdc.serving import sglang_harness as H
 
     low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
     with socket.socket() as held:
-        held.bind(("0.0.0.0", 22000))
-        ports = [H.rendezvous_port(22000, 22009) for _ in range(9)]
-        assert 22000 not in ports
-    assert len(set(ports)) == 9 and all(22000 < p <= 22009 < low for p in ports)
+        held.bind(("0.0.0.0", 20000))
+        ports = [H.harness_port(20000, 20009) for _ in range(9)]
+        assert 20000 not in ports
+    assert len(set(ports)) == 9 and all(20000 < p <= 20009 < low for p in ports)
     with pytest.raises(HarnessError) as e:
-        H.rendezvous_port(22001, 22009)
-    assert str(e.value) == ("no free rendezvous port in 22001-22009: each of the 9 drawn is "
-                            "bound or already handed to a server of this process")
+        H.harness_port(20001, 20009)
+    assert str(e.value) == ("no free port in 20001-20009: each of the 9 drawn is bound or "
+                            "already handed to a server of this process")
+    server = H.harness_port(20100, 20100, beside=(5, 6))
+    assert server == 20100 and H.harness_port(20103, 20106) in (20103, 20104)
+
+
+def test_a_server_that_could_not_listen_fails_its_wait_at_once(tmp_path):
+    from pdc.serving.sglang_harness import UNBOUND
+
+    log = tmp_path / "decode.log"
+    log.write_text(f"Application startup complete.\nERROR:    [Errno 98] {UNBOUND} "
+                   "('127.0.0.1', 42177): address already in use\n")
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    server = Server("decode", f"http://127.0.0.1:{free_port()}", proc, str(log))
+    try:
+        with pytest.raises(HarnessError) as e:
+            wait_ready([server], timeout_s=600.0)
+    finally:
+        server.stop()
+    assert str(e.value).startswith(f"decode could not listen on its port; {log}:\n")
