@@ -37,12 +37,12 @@ import tempfile
 
 CHILD = r"""
 import json, sys
+import torch
 from vllm import EngineArgs, LLMEngine, SamplingParams
 from vllm.config import KVTransferConfig
 model, flow, lengths = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 kv = None
 if flow == "decode-bench, AMX asked":  # the process asks Linux for AMX state first
-    import torch
     print("AMX asked:", torch.cpu._init_amx(), flush=True)
 if flow.startswith("decode-bench"):
     kv = KVTransferConfig(kv_connector="DecodeBenchConnector", kv_role="kv_both",
@@ -50,9 +50,7 @@ if flow.startswith("decode-bench"):
 engine = LLMEngine.from_engine_args(EngineArgs(
     model=model, skip_tokenizer_init=True, enforce_eager=True, block_size=32,
     max_model_len=1024, enable_prefix_caching=flow == "prefix-hit", kv_transfer_config=kv,
-    seed=0,
-    max_num_seqs=4, disable_log_stats=True))
-import torch
+    seed=0, max_num_seqs=4, disable_log_stats=True))
 from vllm.v1.attention.backends import cpu_attn
 print("ISA " + cpu_attn._get_attn_isa(torch.bfloat16, 32, 64), flush=True)
 params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)

@@ -331,8 +331,9 @@ def wait_ready(servers: list[Server], timeout_s: float, path: str = "/model_info
                progress=None, every_s: float = 10.0, logged: str | None = WARMED) -> None:
     """Until every server answers `path` and, with `logged`, has that line in its log. A
     server that exits, or one still not ready after `timeout_s`, raises HarnessError with
-    its log's tail, and so does one whose log says it could not listen. `progress(text)` hears, every `every_s`, which servers it still waits for
-    and since when (a CPU server takes a minute or more to start)."""
+    its log's tail, and so does one whose log says it could not listen. `progress(text)`
+    hears, every `every_s`, which servers it still waits for and since when (a CPU server
+    takes a minute or more to start)."""
     t0 = time.monotonic()
     deadline = t0 + timeout_s
     next_report = t0 + every_s
@@ -445,7 +446,6 @@ def run_prompts(url: str, prompts: list[list[int]], max_new_tokens: int, in_flig
 
 def mixed_prompts(n: int, seed: int = 0, vocab: int = 512) -> list[list[int]]:
     """n prompts of mixed lengths: single pages, partial pages and several chunks."""
-
     lengths = (7, 300, 64, 17, 200, 130, 33, 257, 96, 150, 1, 250, 48, 190, 80, 275)
     rng = random.Random(seed)
     return [[rng.randrange(3, vocab) for _ in range(lengths[i % len(lengths)])]
