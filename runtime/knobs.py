@@ -105,6 +105,10 @@ KNOBS = {k.name: k for k in (
          "seen on the same stream replays a CUDA graph instead of Triton's launcher (Note "
          "[Descriptor-copy graphs] in runtime/descriptor_copy.py); 0: every launch through "
          "Triton"),
+    Knob("advance_inline", 1, "0/1", "1: the prefill thread that makes work (the control "
+         "thread after a decode request, cuda_ipc's completion thread after a batch) moves the "
+         "rooms forward itself when no worker pass runs (Note [Advance on the waking thread] in "
+         "runtime/endpoints/prefill_worker.py); 0: it wakes the transfer worker, as before"),
     Knob("descriptor_grids", 1, "0/1", "1: the direct path hands an engine that takes them "
          "(cuda_ipc) a chunk's descriptors as base addresses x id runs, which one kernel expands "
          "on the device (Note [Descriptor grids] in runtime/engines/base.py); 0: the flat "

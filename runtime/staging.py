@@ -85,10 +85,23 @@ def link_blocks(link: Link, items: dict[str, int]) -> tuple[tuple[Block, ...], i
     return out, offset
 
 
+_partial_cache: dict[int, tuple] = {}  # id(link) -> (link, {component: segment repeats})
+
+
 def partial_descriptors(link: Link, items: dict[str, int]) -> int:
-    """Descriptors the direct path would need for the link's partial entries."""
-    return sum(items[e.component] * sum(s.repeat for s in e.segments)
-               for e in link.entries if not e.whole_item)
+    """Descriptors the direct path would need for the link's partial entries (decode asks
+    at every request: the per-entry sums are kept per link, Note [Staging programs])."""
+    hit = _partial_cache.get(id(link))
+    if hit is None or hit[0] is not link:
+        repeats: dict[str, int] = {}
+        for e in link.entries:
+            if not e.whole_item:
+                repeats[e.component] = repeats.get(e.component, 0) + sum(
+                    s.repeat for s in e.segments)
+        if len(_partial_cache) >= _BLOCKS_LIMIT:
+            _partial_cache.clear()
+        hit = _partial_cache[id(link)] = (link, repeats)
+    return sum(items[c] * n for c, n in hit[1].items())
 
 
 def chunk_positions(layout: FamilyLayout, chunk: PrefillChunk, target: DecodeTarget,

@@ -32,13 +32,13 @@ else:  # Note [Typed mixins]: the hosts are for the type checker only
     PrefillHost = DecodeHost = object
 
 
-def _check_target(layout: FamilyLayout, remote: dict, t: DecodeTarget) -> str:
-    """Every id of a decode request against the capacities that decode registered."""
+def _check_target(layout: FamilyLayout, capacities: dict[str, int], t: DecodeTarget) -> str:
+    """Every id of a decode request against the capacities that decode registered
+    (component -> its buffers' smallest capacity, `_Peer.capacities`)."""
     for comp in layout.components:
-        bufs = remote.get(comp.name, [])
-        if not bufs:
+        cap = capacities.get(comp.name)
+        if cap is None:
             continue
-        cap = min(b.capacity for b in bufs)
         if comp.index == "page":
             ids, what = t.page_ids, "page"
         elif comp.index == "window":

@@ -64,6 +64,9 @@ class PrefillHost:
     counters: Counter[str]
     _stop: threading.Event
     wake: threading.Event
+    advancing: threading.Lock  # Note [Advance on the waking thread]
+    _inline: bool
+    _polled: bool
     on_change: Callable[[], None]  # Note [State-change signal]
     _engine_wakes: bool
     _hb_seq: int
@@ -76,6 +79,10 @@ class PrefillHost:
     def _new_room(self, room: int) -> _Room: ...
     @abstractmethod
     def _poll_events(self) -> None: ...
+
+    # PrefillWorker (prefill_worker.py)
+    @abstractmethod
+    def advance_here(self) -> None: ...
 
     # PrefillControl (prefill_control.py)
     @abstractmethod

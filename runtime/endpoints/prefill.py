@@ -72,9 +72,10 @@ class PrefillEndpoint(PrefillHandshake, PrefillControl, PrefillLiveness, Prefill
         }
         for base, nbytes in pools.regions():
             engine.register(base, nbytes)
-        # Gather buffers of the staged path; only the transfer worker touches the arena.
+        # Gather buffers of the staged path; only a worker pass (under `advancing`) touches
+        # the arena and the launches.
         self.arena = _staging_arena(engine, pools)
-        self.launches = _launches(pools, layout)  # worker thread only
+        self.launches = _launches(pools, layout)
         self.lock = threading.Lock()
         self.rooms: dict[int, _Room] = {}
         self.finished: OrderedDict[int, _Final] = OrderedDict()
@@ -95,7 +96,14 @@ class PrefillEndpoint(PrefillHandshake, PrefillControl, PrefillLiveness, Prefill
         self.counters: Counter = Counter()
         self._stop = threading.Event()
         self.wake = threading.Event()  # set when the worker may have new work
-        self._engine_wakes = engine.on_completion(self.wake.set)  # Note [Completion wake-up]
+        # Note [Advance on the waking thread]: one pass over the rooms at a time, on any thread
+        self.advancing = threading.Lock()
+        self._inline = bool(knobs.get("advance_inline"))
+        self._polled = bool(knobs.get("worker_poll"))
+        # Note [Completion wake-up]; a batch's end moves its room on the engine's thread
+        # where that thread does nothing else (cuda_ipc), else it wakes the worker
+        self._engine_wakes = engine.on_completion(
+            self.advance_here if getattr(engine, "callbacks_may_work", False) else self.wake.set)
         self._hb_seq = 0
         self._last_hb = 0.0
         self.liveness = Liveness()  # of self.peers' incarnations (Note [Peer liveness])

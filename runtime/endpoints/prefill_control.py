@@ -47,7 +47,9 @@ class PrefillControl(PrefillHost):
         try:
             self._on_decoded(identity, payload)
         finally:
-            self.wake.set()  # a request, abort or registration may give the worker work
+            # a request, abort or registration may make work: Note [Advance on the waking
+            # thread]
+            self.advance_here()
 
     def _on_decoded(self, identity: bytes, payload: bytes) -> None:
         try:
@@ -122,7 +124,7 @@ class PrefillControl(PrefillHost):
             msg.ring_slot, msg.aux_row, np.asarray(msg.window_page_ids, np.int64),
             tuple(zip(msg.layer_slots[0::2].tolist(), msg.layer_slots[1::2].tolist(),
                       strict=True)))
-        why = _check_target(self.layout, peer.remote, target)
+        why = _check_target(self.layout, peer.capacities, target)
         staged = None
         if not why and msg.staging_bytes:
             why, staged = self._check_staging(peer, rank, target, msg)

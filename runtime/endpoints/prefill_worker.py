@@ -1,5 +1,7 @@
-"""The transfer worker of a prefill rank (its own thread; owns the engine batches): moves each
-use of a room forward, issues its writes, and retires it."""
+"""The transfer worker of a prefill rank: moves each use of a room forward, issues its writes,
+and retires it. Its passes run on its own thread, or on the thread that made the work (Note
+[Advance on the waking thread]); one pass at a time, under `advancing`, owns the engine
+batches, the staging arena and the launches."""
 
 from __future__ import annotations
 
@@ -37,6 +39,22 @@ else:  # Note [Typed mixins]: the hosts are for the type checker only
 # work wakes it at once.
 _DEADLINE_CHECK_S = 0.05
 _IDLE_S = 1.0
+# Note [Advance on the waking thread]: a direct-path request used to cross two thread
+# hand-offs inside prefill besides the wire: the hub thread read decode's request and woke the
+# transfer worker, which issued the writes; the engine's completion thread saw the write end
+# and woke the worker again, which sent Success. Each wake-up is a futex and a wait for the
+# GIL (0.15-0.25 ms each in the H200 trace of a 1K request, BENCHMARKS.md (v)). Now the thread
+# that made the work runs the pass itself when no other pass is running: `advancing` is
+# held by whichever thread is in a pass, so passes stay one at a time and everything a pass
+# owns (engine batches, the staging arena, the launches) keeps one user, as it had when only
+# the worker ran them. A thread that finds a pass running wakes the worker, which scans again
+# after it (the wake is cleared before a scan), so no work is lost. The engine's completion
+# thread does this only where it does nothing but wait (`callbacks_may_work`: cuda_ipc); the
+# sender's `send()` (the serving engine's scheduler thread) still wakes the worker, so the
+# scheduler never runs a submit. Knob `advance_inline` (0: always wake the worker).
+# Passes an inline advance makes at most before it leaves the rest to the worker: the first
+# issues a room's writes, the second sees nothing left to move.
+_INLINE_PASSES = 2
 
 
 class PrefillWorker(PrefillHost):
@@ -52,25 +70,8 @@ class PrefillWorker(PrefillHost):
         polled = bool(knobs.get("worker_poll"))
         while not self._stop.is_set():
             self.wake.clear()  # before the scan: work that arrives during it sets it again
-            busy = inflight = False
-            if self._waiting_events:
-                self._poll_events()
-            with self.lock:
-                rooms = list(self.rooms.values())
-                events = bool(self._waiting_events)
-            for r in rooms:
-                try:
-                    busy |= self._advance(r)
-                    inflight |= bool(r.inflight)
-                except Exception as e:  # noqa: BLE001 - one room's bug must not stop all
-                    import sys
-                    import traceback
-
-                    self.counters["worker_errors"] += 1
-                    print(f"pdc: prefill worker error on room {r.room}: {e!r}", file=sys.stderr)
-                    traceback.print_exc()
-                    with self.lock:
-                        r.fail(f"internal error: {e!r}")
+            with self.advancing:
+                busy, inflight, events, rooms = self._pass()
             if not busy:
                 # Nothing moved. Forward events (CUDA) and the writes of an engine that ends
                 # batches only when polled are polled again soon, never spun on; otherwise
@@ -82,6 +83,50 @@ class PrefillWorker(PrefillHost):
                     self.wake.wait(sleep_s * 10)
                 else:
                     self.wake.wait(_DEADLINE_CHECK_S if rooms else _IDLE_S)
+
+    def advance_here(self) -> None:
+        """Note [Advance on the waking thread]: the thread that just made work (the hub
+        thread after a message, the engine's completion thread after a batch) moves the rooms
+        forward itself when no pass is running, instead of waking the worker (one thread
+        hand-off less on each side of a request); otherwise, and for what only polling moves
+        on, the worker is woken as before."""
+        if self._stop.is_set() or not self._inline or \
+                not self.advancing.acquire(blocking=False):
+            self.wake.set()
+            return
+        try:
+            for _ in range(_INLINE_PASSES):  # the worker loops while a pass moves something
+                busy, inflight, events, _ = self._pass()
+                if not busy:
+                    break
+        finally:
+            self.advancing.release()
+        if busy or events or (inflight and (self._polled or not self._engine_wakes)):
+            self.wake.set()
+
+    def _pass(self) -> tuple[bool, bool, bool, bool]:
+        """One look at every room (caller holds `advancing`): (anything moved, writes in
+        flight, forward events waiting, any room)."""
+        busy = inflight = False
+        if self._waiting_events:
+            self._poll_events()
+        with self.lock:
+            rooms = list(self.rooms.values())
+            events = bool(self._waiting_events)
+        for r in rooms:
+            try:
+                busy |= self._advance(r)
+                inflight |= bool(r.inflight)
+            except Exception as e:  # noqa: BLE001 - one room's bug must not stop all
+                import sys
+                import traceback
+
+                self.counters["worker_errors"] += 1
+                print(f"pdc: prefill worker error on room {r.room}: {e!r}", file=sys.stderr)
+                traceback.print_exc()
+                with self.lock:
+                    r.fail(f"internal error: {e!r}")
+        return busy, inflight, events, bool(rooms)
 
     def _poll_inflight(self, r: _Room) -> None:
         still = []

@@ -51,6 +51,10 @@ class _Peer:
         self.agent_info = agent_info
         self.engine_peer = engine_peer
         self.remote = remote  # component -> [RemoteBuffer]
+        # component -> the smallest capacity of its buffers, what every request's ids are
+        # checked against (once per registration, not per request: 160 buffers at 80 layers)
+        self.capacities = {name: min(b.capacity for b in bufs)
+                           for name, bufs in remote.items() if bufs}
         self.dp = dp
         self.rank = rank
         self.rooms_created = 0  # live rooms its requests created (max_pending_rooms_per_peer)

@@ -136,10 +136,17 @@ class TransferEngine(ABC):
     @abstractmethod
     def poll(self, batch: Batch) -> BatchState: ...
 
+    # True where `on_completion`'s callbacks run on a thread of the engine's own that does
+    # nothing but wait for batches (cuda_ipc's completion thread), so a callback may do work
+    # there (Note [Advance on the waking thread] in runtime/endpoints/prefill_worker.py);
+    # False: a callback only sets an event (Mooncake calls it between its peers' writes).
+    callbacks_may_work: bool = False
+
     def on_completion(self, callback) -> bool:
         """Note [Completion wake-up]: an engine whose batches end on a thread of its own calls
-        `callback()` (from that thread, so it must only set an event) each time a batch
-        ends, and returns True; the endpoints' transfer worker then sleeps until woken
+        `callback()` (from that thread, so it must only set an event unless
+        `callbacks_may_work`) each time a batch ends, and returns True; the endpoints'
+        transfer worker then sleeps until woken
         instead of polling in-flight batches every `poll_sleep_s`, which on a small host
         takes the GIL thousands of times a second from the serving engine's threads. An
         engine whose batches end only when polled (NIXL, whose poll drives UCX) returns

@@ -181,6 +181,7 @@ class CudaIpcEngine(LocalDeviceEngine):
 
     name = "cuda_ipc"
     takes_grids = True  # Note [Descriptor grids]
+    callbacks_may_work = True  # its completion thread only waits on events
     # The same copies as the local device engine, only across processes: plans are lowered
     # under local's rules (no backend limits), Note [Plan backend].
     plan_backend = "local"
