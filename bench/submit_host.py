@@ -107,27 +107,6 @@ def main() -> int:
                 if form == "grids" and rep in (3, args.reps + 2):
                     check(s_ids, d_ids, f"grid write {rep - 2} lands every byte")
             rows.append({"what": f"submit_{form} (whole call)", "host_us": statistics.median(took)})
-        # a leaner _queue, measured before it lands: one ready event reused (a wait takes the
-        # last record at the time it is queued), the stream set without a context object, no
-        # device switch where the device is current
-        plain = CudaIpcEngine._queue
-        CudaIpcEngine._queue = _lean_queue
-        try:
-            took = []
-            for rep in range(args.reps + 3):
-                s_ids, d_ids, g = grids()
-                t = time.perf_counter()
-                batch = eng.submit_grids(peer, g)
-                dt = (time.perf_counter() - t) * 1e6
-                eng.wait(batch, 60)
-                if rep >= 3:
-                    took.append(dt)
-                if rep in (3, args.reps + 2):
-                    check(s_ids, d_ids, f"lean-queue grid write {rep - 2} lands every byte")
-            rows.append({"what": "submit_grids, lean _queue (whole call)",
-                         "host_us": statistics.median(took)})
-        finally:
-            CudaIpcEngine._queue = plain
         # each step of a grid submit alone
         _, _, g = grids()
         g = check_grids(g)
@@ -173,30 +152,6 @@ def main() -> int:
     for r in rows:
         print(r)
     return C.finish("submit_host", args, rows, checks)
-
-
-def _lean_queue(self, batch, after, queue_copies):
-    ready = after
-    if ready is None:
-        ready = getattr(self, "_bench_ready", None)
-        if ready is None:
-            ready = self._bench_ready = torch.cuda.Event()
-        ready.record()
-    stream = self._stream(self.device, "write")
-    if torch.cuda.current_device() != self.device.index:
-        with torch.cuda.device(self.device):
-            return _lean_queue(self, batch, ready, queue_copies)
-    prev = torch.cuda.current_stream()
-    torch.cuda.set_stream(stream)
-    try:
-        stream.wait_event(ready)
-        queue_copies()
-        done = torch.cuda.Event(blocking=self._ended is not None)
-        done.record(stream)
-    finally:
-        torch.cuda.set_stream(prev)
-    batch.handles = [done]
-    return self._watch(batch)
 
 
 def _ctx(cm) -> None:

@@ -109,6 +109,9 @@ KNOBS = {k.name: k for k in (
          "thread after a decode request, cuda_ipc's completion thread after a batch) moves the "
          "rooms forward itself when no worker pass runs (Note [Advance on the waking thread] in "
          "runtime/endpoints/prefill_worker.py); 0: it wakes the transfer worker, as before"),
+    Knob("completion_spin_us", 0, "us", "> 0: cuda_ipc's completion thread asks a batch's "
+         "event for up to this long (giving up the GIL between asks) before it sleeps on it; "
+         "0: it sleeps at once (a blocking-sync event, woken by the driver)"),
     Knob("descriptor_grids", 1, "0/1", "1: the direct path hands an engine that takes them "
          "(cuda_ipc) a chunk's descriptors as base addresses x id runs, which one kernel expands "
          "on the device (Note [Descriptor grids] in runtime/engines/base.py); 0: the flat "

@@ -28,10 +28,11 @@ import json
 import os
 import queue
 import threading
+import time
 
 import numpy as np
 
-from .. import descriptor_copy
+from .. import descriptor_copy, knobs
 from .base import (
     Batch,
     BatchState,
@@ -200,6 +201,7 @@ class CudaIpcEngine(LocalDeviceEngine):
         self._callbacks: list = []  # Note [Completion wake-up]
         self._ended: queue.SimpleQueue | None = None  # done events for the completion thread
         self._waiter: threading.Thread | None = None
+        self._ready = None  # the ready event `_queue` records again per write
 
     # -- completion: a thread of the engine's own waits on each batch's event -------------------
 
@@ -221,12 +223,15 @@ class CudaIpcEngine(LocalDeviceEngine):
         return True
 
     def _wait_events(self, ended: queue.SimpleQueue) -> None:
+        spin_s = knobs.get("completion_spin_us") * 1e-6
         while True:
             events = ended.get()
             if events is None:
                 return
             for ev in events:
                 try:
+                    if spin_s:  # a short write ends sooner than the driver's wake-up
+                        _spin(ev, spin_s)
                     ev.synchronize()
                 except RuntimeError:
                     pass  # poll() reports the CUDA error on the batch
@@ -441,16 +446,33 @@ class CudaIpcEngine(LocalDeviceEngine):
 
     def _queue(self, batch: Batch, after, queue_copies) -> Batch:
         """Runs `queue_copies()` on the engine's write stream after `after` (None: the
-        caller's current stream) and gives the batch its completion event."""
+        caller's current stream) and gives the batch its completion event. Caller holds
+        `_lock`, which also guards the reused ready event."""
         torch = _device_modules()
-        ready = self._ready_event(after)
+        if torch.cuda.current_device() != self.device.index:
+            with torch.cuda.device(self.device):
+                return self._queue(batch, after, queue_copies)
+        # One ready event, recorded again per write: a wait takes the event's last record at
+        # the time it is queued, so a later record cannot move an earlier write's wait. No
+        # context objects for the device and the stream (10-15 µs of host time a submit on
+        # the H200 box, bench/submit_host.py).
+        ready = after
+        if ready is None:
+            ready = self._ready
+            if ready is None:
+                ready = self._ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream())
         stream = self._stream(self.device, "write")
-        with torch.cuda.device(self.device), torch.cuda.stream(stream):
+        caller = torch.cuda.current_stream()
+        torch.cuda.set_stream(stream)
+        try:
             stream.wait_event(ready)
             queue_copies()
             # blocking: the completion thread sleeps on it rather than spinning a core
             done = torch.cuda.Event(blocking=self._ended is not None)
             done.record(stream)
+        finally:
+            torch.cuda.set_stream(caller)
         batch.handles = [done]
         return self._watch(batch)
 
@@ -494,3 +516,12 @@ class CudaIpcEngine(LocalDeviceEngine):
                 self._release(p)
         super().close()
         self._exports.clear()
+
+
+def _spin(event, seconds: float) -> None:
+    """Ask `event` until it completed or `seconds` passed, the GIL given up between asks
+    (knob completion_spin_us): a blocking-sync event's waiter is woken by the driver's
+    interrupt, which on a virtual machine can take longer than a short write itself."""
+    deadline = time.perf_counter() + seconds
+    while not event.query() and time.perf_counter() < deadline:
+        time.sleep(0)
