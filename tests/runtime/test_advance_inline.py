@@ -9,8 +9,7 @@ import threading
 
 import pytest
 from pdc.runtime import knobs
-from pdc.runtime.endpoints import KVPoll
-from pdc.runtime.endpoints import prefill_worker
+from pdc.runtime.endpoints import KVPoll, prefill_worker
 
 from .failure_tools import ManualEngine, Pair, fill, send_all, tight_knobs, wait_for
 
