@@ -109,6 +109,11 @@ KNOBS = {k.name: k for k in (
          "thread after a decode request, cuda_ipc's completion thread after a batch) moves the "
          "rooms forward itself when no worker pass runs (Note [Advance on the waking thread] in "
          "runtime/endpoints/prefill_worker.py); 0: it wakes the transfer worker, as before"),
+    Knob("success_by_event", 1, "0/1", "1: a cuda_ipc prefill rank sends decode its last "
+         "writes' done event (a CUDA IPC handle) as soon as they are queued, and decode's poll "
+         "ends the request when that event completes, without waiting for prefill's Success "
+         "message (Note [Success by event] in runtime/endpoints/prefill_worker.py); 0: only "
+         "the Success message ends it"),
     Knob("completion_spin_us", 0, "us", "> 0: cuda_ipc's completion thread asks a batch's "
          "event for up to this long (giving up the GIL between asks) before it sleeps on it; "
          "0: it sleeps at once (a blocking-sync event, woken by the driver)"),

@@ -21,6 +21,7 @@ from .wire_messages import (
     HEADER_BYTES,
     MAX_AGENT_INFO_BYTES,
     MAX_BODY_BYTES,
+    MAX_EVENT_BYTES,
     MAX_INSTANCE_BYTES,
     MAX_PAGE_IDS,
     MAX_REASON_BYTES,
@@ -356,6 +357,7 @@ def _write_status(w: Writer, m: Status, _c: object) -> None:
     if m.checksum is not None:
         w.u64("Status.checksum", m.checksum)
     w.text("Status.reason", m.reason)
+    w.blob("Status.written_event", m.written_event)
 
 
 def _read_status(r: Reader, _c: object) -> Status:
@@ -370,10 +372,12 @@ def _read_status(r: Reader, _c: object) -> Status:
     descriptors = r.u32("Status.descriptors")
     checksum = r.u64("Status.checksum") if r.flag("Status.has_checksum") else None
     reason = r.text("Status.reason", MAX_REASON_BYTES)
+    event = r.blob("Status.written_event", MAX_EVENT_BYTES)
     return Status(room=room, generation=generation, prefill_rank=rank,
                   state=_enum("Status.state", state, KVPoll),
                   chunk_id=chunk_id, page_start=page_start, page_count=page_count,
-                  bytes_written=nbytes, descriptors=descriptors, checksum=checksum, reason=reason)
+                  bytes_written=nbytes, descriptors=descriptors, checksum=checksum, reason=reason,
+                  written_event=event)
 
 
 def _write_abort(w: Writer, m: Abort, _c: object) -> None:

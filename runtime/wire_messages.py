@@ -15,7 +15,8 @@ import numpy as np
 from .plan_types import RankId
 
 WIRE_MAGIC = b"PDCW"
-WIRE_VERSION = 4  # 3: TransferRequest.layer_slots; 4: staging rings (runtime/wire_ring.py)
+WIRE_VERSION = 5  # 3: TransferRequest.layer_slots; 4: staging rings (runtime/wire_ring.py);
+# 5: Status.written_event (Note [Success by event])
 
 # magic, version, type, flags, fingerprint, body length, crc32
 _HEADER = struct.Struct("<4sHBBQII")
@@ -30,6 +31,7 @@ MAX_PAGE_IDS = 1 << 21  # per page-id array: a 2M-token request at page size 1
 MAX_AGENT_INFO_BYTES = 1 << 20  # engine peer info (NIXL agent metadata is tens of KiB)
 MAX_INSTANCE_BYTES = 1024  # a serving engine instance such as "10.1.2.3:30000"
 MAX_REASON_BYTES = 4096  # a failure reason, UTF-8
+MAX_EVENT_BYTES = 64  # an engine's handle of a write's completion event (CUDA IPC: 64)
 MAX_SECTION_ENTRIES = 1 << 16  # registered entries of one component on one rank
 # The largest body any message needs (two full page-id arrays plus the fixed fields of a
 # TransferRequest is 32 MiB), with room to spare; the control plane can use HEADER_BYTES +
@@ -404,6 +406,9 @@ class Status:
     descriptors: int = 0  # descriptors this prefill rank submitted for the request so far
     checksum: int | None = None  # optional digest of the bytes written (None: not computed)
     reason: str = ""  # why, when state is Failed (required then); free text otherwise
+    # Transferring only: every write of this rank for the request is queued, and they have
+    # all landed once this event (the engine's handle) completes (Note [Success by event])
+    written_event: bytes = b""
 
     def __post_init__(self) -> None:
         s = object.__setattr__
@@ -421,6 +426,11 @@ class Status:
         s(self, "reason", _text("Status.reason", self.reason, MAX_REASON_BYTES))
         if self.state is KVPoll.Failed and not self.reason:
             raise WireError("Status.reason", "a Failed status must say why")
+        s(self, "written_event", _blob("Status.written_event", self.written_event,
+                                       MAX_EVENT_BYTES))
+        if self.written_event and self.state is not KVPoll.Transferring:
+            raise WireError("Status.written_event", "only a Transferring status carries a "
+                                                    "written event")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -170,6 +170,7 @@ class DecodeEndpoint(DecodeHandshake, DecodeLiveness, DecodeStaging):
             return
         self._settle(rv, wait=True, finish=False)  # no page back while its scatter runs
         rv.state, rv.reason = KVPoll.Failed, reason
+        rv.written.clear()  # Note [Success by event]: its sources' Failed or Abort decides
         self.counters["failed"] += 1
         self._record(rv)
         if rv.suspect:
@@ -290,12 +291,10 @@ class DecodeEndpoint(DecodeHandshake, DecodeLiveness, DecodeStaging):
             self.counters["stale_messages"] += 1
             return
         if msg.state == KVPoll.Success:
-            rv.succeeded[name] = msg
-            rv.quiet.add(name)
-            rv.bytes += msg.bytes_written
-            rv.descriptors += msg.descriptors
-            if rv.state not in TERMINAL and rv.succeeded.keys() >= rv.expected:
-                self._complete(rv)
+            rv.written.pop(name, None)
+            self._source_done(rv, name, msg)
+        elif msg.state == KVPoll.Transferring and msg.written_event:
+            self._on_written(rv, name, msg)
         elif msg.state == KVPoll.Failed:
             rv.quiet.add(name)  # sent only once its writes drained (Note [Failure semantics])
             self._fail(rv, f"{name}: {msg.reason}")
@@ -303,6 +302,52 @@ class DecodeEndpoint(DecodeHandshake, DecodeLiveness, DecodeStaging):
                 self._quarantine(rv)
         else:
             rv.state = advanced(rv.state, KVPoll(msg.state))  # Note [Request states]
+
+
+    def _source_done(self, rv: _Recv, name: str, msg) -> None:
+        """Every write of source `name` has landed (its Success, or its written event
+        completed: Note [Success by event]); each source counts once."""
+        if name in rv.succeeded:
+            self.counters["sources_done_twice"] += 1  # its Success after its event
+            return
+        rv.succeeded[name] = msg
+        rv.quiet.add(name)
+        rv.bytes += msg.bytes_written
+        rv.descriptors += msg.descriptors
+        if rv.state not in TERMINAL and rv.succeeded.keys() >= rv.expected:
+            self._complete(rv)
+
+    def _on_written(self, rv: _Recv, name: str, msg) -> None:
+        """Note [Success by event]: a source's writes are all queued; `poll()` ends them when
+        this event completes. An event this engine cannot open leaves the source to its
+        Success message."""
+        rv.state = advanced(rv.state, KVPoll.Transferring)
+        if rv.state in TERMINAL or name in rv.succeeded:
+            return
+        try:
+            ev = self.engine.open_written_event(msg.written_event)
+        except RuntimeError:
+            ev = None
+        if ev is None:
+            self.counters["written_events_unopened"] += 1
+            return
+        rv.written[name] = (msg, ev)
+
+    def _landed(self, rv: _Recv) -> None:
+        """Sources whose written event has completed are done (Note [Success by event]); an
+        event that raises is dropped, and the source's Success or Failed decides."""
+        for name, (msg, ev) in list(rv.written.items()):
+            try:
+                done = ev.query()
+            except RuntimeError:
+                self.counters["written_events_failed"] += 1
+                del rv.written[name]
+                continue
+            if done:
+                del rv.written[name]
+                self.counters["written_events_landed"] += 1
+                if rv.state not in TERMINAL:
+                    self._source_done(rv, name, msg)
 
 
 class DecodeReceiver:
@@ -357,6 +402,8 @@ class DecodeReceiver:
     def poll(self) -> KVPoll:
         with self.ep.lock:
             rv = self._rv
+            if rv.written:
+                self.ep._landed(rv)  # Note [Success by event]
             self.ep._settle(rv)  # Note [Scatter by event]
             state = rv.state
             first = state in TERMINAL and not rv.seen

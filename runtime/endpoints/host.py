@@ -67,6 +67,7 @@ class PrefillHost:
     advancing: threading.Lock  # Note [Advance on the waking thread]
     _inline: bool
     _polled: bool
+    _by_event: bool
     on_change: Callable[[], None]  # Note [State-change signal]
     _engine_wakes: bool
     _hb_seq: int
@@ -83,6 +84,8 @@ class PrefillHost:
     # PrefillWorker (prefill_worker.py)
     @abstractmethod
     def advance_here(self) -> None: ...
+    @abstractmethod
+    def _send_written(self, r: _Room) -> None: ...
 
     # PrefillControl (prefill_control.py)
     @abstractmethod

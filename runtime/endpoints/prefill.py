@@ -100,6 +100,7 @@ class PrefillEndpoint(PrefillHandshake, PrefillControl, PrefillLiveness, Prefill
         self.advancing = threading.Lock()
         self._inline = bool(knobs.get("advance_inline"))
         self._polled = bool(knobs.get("worker_poll"))
+        self._by_event = bool(knobs.get("success_by_event"))  # Note [Success by event]
         # Note [Completion wake-up]; a batch's end moves its room on the engine's thread
         # where that thread does nothing else (cuda_ipc), else it wakes the worker
         self._engine_wakes = engine.on_completion(

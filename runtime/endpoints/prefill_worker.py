@@ -52,6 +52,19 @@ _IDLE_S = 1.0
 # thread does this only where it does nothing but wait (`callbacks_may_work`: cuda_ipc); the
 # sender's `send()` (the serving engine's scheduler thread) still wakes the worker, so the
 # scheduler never runs a submit. Knob `advance_inline` (0: always wake the worker).
+# Note [Success by event]: on the direct path a request's end waited for three things after
+# its last write was queued: the write, prefill's completion thread and pass, and the Success
+# message's trip to decode (0.7 + 0.7 ms after the submit in the H100 trace of a 1K request,
+# BENCHMARKS.md (w)). An engine whose writes end at an event another process can open
+# (cuda_ipc: the done event is made interprocess) lets prefill send, right after the last
+# write of a room is queued, a Transferring status carrying that event's handle and what its
+# Success will say; the message then crosses while the GPU writes. Decode opens the event and
+# its `poll()` ends the request once the event has completed; the engine's writes run in order
+# on one stream, so the last write's event covers every earlier one. Nothing else changes:
+# prefill still sends Success when its own completion thread sees the write end, decode
+# counts each source once (whichever comes first), and a failure still arrives as Failed.
+# The exported events are kept alive, bounded, after their batches end. Staged targets are
+# left out (decode scatters after Success). Knob `success_by_event`.
 # Passes an inline advance makes at most before it leaves the rest to the worker: the first
 # issues a room's writes, the second sees nothing left to move.
 _INLINE_PASSES = 2
@@ -222,6 +235,9 @@ class PrefillWorker(PrefillHost):
         if r.inflight:
             with self.lock:
                 r.state = advanced(r.state, KVPoll.Transferring)
+            if not r.written_sent and r.last_seen and self._by_event and \
+                    all(c.sent_all for c in r.chunks) and not self._ring_pending(r):
+                self._send_written(r)
             return True
         if r.last_seen and all(c.sent_all for c in r.chunks) and not self._ring_pending(r):
             self._finish_success(r)
@@ -276,6 +292,7 @@ class PrefillWorker(PrefillHost):
     def _issue(self, r: _Room, d: int, batch, total: int, count: int) -> None:
         """Counts a submitted batch of `count` descriptors and `total` bytes to decode rank d."""
         r.inflight.append(batch)
+        r.last_batch[d] = batch  # Note [Success by event]
         r.stats.bytes += total
         r.stats.descriptors += count
         r.stats.batches += 1
@@ -335,6 +352,31 @@ class PrefillWorker(PrefillHost):
             part = integrity.link_digest(r.room, r.generation, self.links[d], self.pools.view,
                                          pairs, "src")
             r.digests[d] = integrity.add(r.digests.get(d, 0), part)
+
+    def _send_written(self, r: _Room) -> None:
+        """Note [Success by event]: every write of the room is queued; tell each direct-path
+        target the event after its last one, with what its Success will say."""
+        r.written_sent = True
+        sends = []
+        with self.lock:
+            if r.state == KVPoll.Failed:
+                return
+            for d, t in r.targets.items():
+                batch = r.last_batch.get(d)
+                handle = self.engine.written_event(batch) if t.staged is None and \
+                    batch is not None else b""
+                if not handle:
+                    continue  # staged (decode scatters after Success) or already ended
+                assert r.generation is not None  # set by the TransferRequest of the target
+                sends.append((t.identity, self._status(
+                    r.room, r.generation, KVPoll.Transferring,
+                    bytes_written=r.bytes_to.get(d, 0), descriptors=r.descriptors_to.get(d, 0),
+                    checksum=r.digests.get(d, 0) if r.checksum else None,
+                    page_start=r.last_range[0], page_count=r.last_range[1],
+                    written_event=handle)))
+            self.counters["written_events_sent"] += len(sends)
+        for ident, st in sends:
+            self._reply(ident, st)
 
     def _finish_success(self, r: _Room) -> None:
         with self.lock:

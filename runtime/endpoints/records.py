@@ -103,6 +103,10 @@ class _Room:
     bytes_to: dict = field(default_factory=dict)  # decode RankId -> bytes written
     descriptors_to: dict = field(default_factory=dict)  # decode RankId -> descriptors submitted
     last_range: tuple = (0, 0)  # (page_start, page_count) of the last chunk
+    # Note [Success by event]: each decode target's last batch, and whether its written
+    # event went out
+    last_batch: dict = field(default_factory=dict)  # decode RankId -> Batch
+    written_sent: bool = False
     retired: bool = False
     created_by: _Peer | None = None  # the peer whose request created the room
     decode_dp: int | None = None  # decode DP group serving it (Note [DP routing]); None: unknown
@@ -159,3 +163,6 @@ class _Recv:
     descriptors: int = 0  # what the prefill ranks submitted for it (their Success statuses)
     # The staged scatter's CUDA event while it runs (Note [Scatter by event]); None after
     scatter: Any = None
+    # source name -> (its Transferring Status, the opened event after its last write), until
+    # the event completes (Note [Success by event])
+    written: dict = field(default_factory=dict)

@@ -136,6 +136,17 @@ class TransferEngine(ABC):
     @abstractmethod
     def poll(self, batch: Batch) -> BatchState: ...
 
+    def written_event(self, batch: Batch) -> bytes:
+        """Note [Success by event]: a handle another process can open (`open_written_event`)
+        of an event that completes once `batch` and every write submitted before it have
+        landed; b"" where the engine has none (every engine but cuda_ipc) or the batch ended."""
+        return b""
+
+    def open_written_event(self, handle: bytes):
+        """The event of a peer's `written_event` handle (anything with `query()`, which may
+        raise RuntimeError), or None where this engine cannot open one."""
+        return None
+
     # True where `on_completion`'s callbacks run on a thread of the engine's own that does
     # nothing but wait for batches (cuda_ipc's completion thread), so a callback may do work
     # there (Note [Advance on the waking thread] in runtime/endpoints/prefill_worker.py);

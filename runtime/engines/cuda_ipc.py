@@ -23,6 +23,7 @@ same export / open / translate / close logic on the CPU.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import json
 import os
@@ -50,6 +51,9 @@ from .local_device import LocalDeviceEngine, _CudaArray, _device_modules, _locat
 _HANDLE_BYTES = 64  # sizeof(CUipcMemHandle)
 _RANGE_START, _RANGE_SIZE = 11, 12  # CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, _RANGE_SIZE
 _LAZY_PEER_ACCESS = 1  # CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
+# Done events whose handles went to a peer, kept alive after their batches ended: a peer opens
+# a handle when its message arrives, milliseconds later (Note [Success by event])
+_EXPORTED_EVENTS = 4096
 
 
 class _IpcHandle(ctypes.Structure):
@@ -202,6 +206,10 @@ class CudaIpcEngine(LocalDeviceEngine):
         self._ended: queue.SimpleQueue | None = None  # done events for the completion thread
         self._waiter: threading.Thread | None = None
         self._ready = None  # the ready event `_queue` records again per write
+        # Note [Success by event]: done events made interprocess, and those whose handles went
+        # out kept alive (bounded) past their batches, for the peer that opened them
+        self._export_events = bool(knobs.get("success_by_event")) and self._cuda
+        self._exported: collections.deque = collections.deque(maxlen=_EXPORTED_EVENTS)
 
     # -- completion: a thread of the engine's own waits on each batch's event -------------------
 
@@ -469,12 +477,34 @@ class CudaIpcEngine(LocalDeviceEngine):
             stream.wait_event(ready)
             queue_copies()
             # blocking: the completion thread sleeps on it rather than spinning a core
-            done = torch.cuda.Event(blocking=self._ended is not None)
+            done = torch.cuda.Event(blocking=self._ended is not None,
+                                    interprocess=self._export_events)
             done.record(stream)
         finally:
             torch.cuda.set_stream(caller)
         batch.handles = [done]
         return self._watch(batch)
+
+    def written_event(self, batch: Batch) -> bytes:
+        """Note [Success by event]: the IPC handle of the batch's done event. The engine's
+        writes run in order on its one write stream, so that event completes after every
+        write submitted before it too."""
+        if not self._export_events or batch.state is not BatchState.PENDING or \
+                not batch.handles:
+            return b""
+        ev = batch.handles[-1]
+        try:
+            handle = ev.ipc_handle()
+        except RuntimeError:
+            return b""
+        self._exported.append(ev)
+        return bytes(handle)
+
+    def open_written_event(self, handle: bytes):
+        if not self._cuda:
+            return None
+        torch = _device_modules()
+        return torch.cuda.Event.from_ipc_handle(self.device, bytes(handle))
 
     def _check_ranges(self, peer, target, src_u, dst_u, nbytes_u) -> None:
         outside = self._regions.outside(src_u, nbytes_u)

@@ -275,7 +275,7 @@ def test_other_wire_version():
     buf = bytearray(enc(Abort(room=1, generation=0, decode_rank=RankId(0, 0))))
     buf[4:6] = (2).to_bytes(2, "little")
     assert rejects(reseal(buf)) == (
-        "header.version: peer speaks wire version 2, this side speaks 4: run the same pdc "
+        "header.version: peer speaks wire version 2, this side speaks 5: run the same pdc "
         "release on both sides")
 
 
@@ -310,7 +310,7 @@ def test_unknown_type_and_flags():
         "4 ABORT, 5 ABORT_ACK, 6 HEARTBEAT, 7 RING_FILLED, 8 RING_FREED)")
     buf[6] = 4
     buf[7] = 0x80
-    assert rejects(reseal(buf)) == ("header.flags: 0x80 sets flags that wire version 4 does "
+    assert rejects(reseal(buf)) == ("header.flags: 0x80 sets flags that wire version 5 does "
                                     "not define")
 
 
@@ -419,6 +419,21 @@ def test_failed_status_must_carry_a_reason_on_the_wire_too():
     buf = bytearray(enc(ok))
     buf[span(ok, "Status.state").offset] = KVPoll.Failed
     assert rejects(reseal(buf)) == "Status.reason: a Failed status must say why"
+
+
+def test_a_written_event_rides_a_transferring_status_only():
+    # Note [Success by event]: the handle of the event after a rank's last write
+    msg = Status(room=1, generation=0, prefill_rank=RankId(0, 0), state=KVPoll.Transferring,
+                 bytes_written=4096, written_event=bytes(range(64)))
+    assert wire.decode(enc(msg), FP, COMPS) == msg
+    buf = bytearray(enc(msg))
+    buf[span(msg, "Status.state").offset] = KVPoll.Success
+    assert rejects(reseal(buf)) == ("Status.written_event: only a Transferring status carries "
+                                    "a written event")
+    with pytest.raises(WireError, match=r"^Status.written_event: 65 bytes exceed the maximum "
+                                        r"of 64$"):
+        Status(room=1, generation=0, prefill_rank=RankId(0, 0), state=KVPoll.Transferring,
+               written_event=bytes(65))
 
 
 def test_non_bytes_input():
@@ -639,4 +654,4 @@ def test_doc_limits_match_the_constants():
         limits[row[0].strip("`")] = int(value[:-4]) << 20 if value.endswith(" MiB") else int(value)
     assert limits == {name: getattr(wire, name) for name in (
         "MAX_BODY_BYTES", "MAX_PAGE_IDS", "MAX_AGENT_INFO_BYTES", "MAX_INSTANCE_BYTES",
-        "MAX_REASON_BYTES", "MAX_SECTION_ENTRIES", "MAX_RING_BLOCKS")}
+        "MAX_REASON_BYTES", "MAX_EVENT_BYTES", "MAX_SECTION_ENTRIES", "MAX_RING_BLOCKS")}

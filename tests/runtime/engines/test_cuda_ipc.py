@@ -495,3 +495,56 @@ def test_handle_bytes_survive_nul_bytes():
     h = _IpcHandle()
     ct.memmove(ct.addressof(h), raw, len(raw))
     assert bytes(bytearray(h.reserved)) == raw
+
+
+def _gpu_event_reader(conn, size):
+    """The decode side of Note [Success by event]: opens the writer's event handle, waits by
+    asking it (never on the writer's stream), then answers with its bytes."""
+    eng = CudaIpcEngine("cuda:0")
+    dst = torch.full((size,), 0xA5, dtype=torch.uint8, device="cuda:0")
+    eng.register_tensor(dst)
+    conn.send((eng.agent_info(), dst.data_ptr()))
+    ev = eng.open_written_event(conn.recv())
+    asked = 1
+    while not ev.query():
+        asked += 1
+    conn.send((asked, dst.cpu().numpy().tobytes()))
+    conn.recv()
+    eng.close()
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_a_written_event_opened_in_the_peer_completes_after_every_byte_landed():
+    size = 256 << 20
+    ctx = mp.get_context("spawn")
+    a, b = ctx.Pipe()
+    p = ctx.Process(target=_gpu_event_reader, args=(b, size))
+    p.start()
+    try:
+        assert a.poll(120)
+        info, base = a.recv()
+        eng = CudaIpcEngine("cuda:0")
+        src = torch.randint(0, 256, (size,), dtype=torch.uint8, device="cuda:0")
+        eng.register_tensor(src)
+        name = eng.connect(info)
+        pages = np.random.default_rng(1).permutation(size // 32768)
+        s = src.data_ptr() + np.arange(len(pages), dtype=np.uint64) * 32768
+        d = base + pages.astype(np.uint64) * 32768
+        half = len(pages) // 2  # two batches: the second's event covers the first's writes
+        eng.submit_write(name, s[:half], d[:half], np.full(half, 32768))
+        last = eng.submit_write(name, s[half:], d[half:], np.full(len(pages) - half, 32768))
+        handle = eng.written_event(last)
+        assert len(handle) == 64
+        a.send(handle)
+        assert a.poll(120)
+        asked, raw = a.recv()
+        got = torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(-1, 32768)
+        assert torch.equal(got[torch.from_numpy(pages)], src.cpu().view(-1, 32768))
+        print(f"the peer asked the event {asked} times")
+        eng.wait(last, 60)
+        assert eng.written_event(last) == b""  # an ended batch has no event to hand out
+        eng.close()
+    finally:
+        a.send("stop")
+        p.join(60)

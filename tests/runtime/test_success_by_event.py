@@ -1,0 +1,125 @@
+"""Note [Success by event]: a prefill rank whose engine exports its writes' done event sends
+it with a Transferring status once a room's writes are queued, and decode's poll ends the
+request when that event completes, before prefill's Success arrives. Stand-ins: the prefill
+engine holds its writes (its batches stay in flight until `release()`), and hands out one
+handle per batch; decode opens a handle as an event whose completion the test decides."""
+
+from __future__ import annotations
+
+import pytest
+from pdc.runtime import knobs
+from pdc.runtime.endpoints import KVPoll, prefill_worker
+
+from .failure_tools import ManualEngine, Pair, _copy, fill, send_all, tight_knobs, wait_for
+
+
+class EventEngine(ManualEngine):
+    """Held writes; `written_event` names the batch; `land()` copies the held bytes while
+    the batches stay in flight for prefill."""
+
+    def written_event(self, batch) -> bytes:
+        return f"ev{id(batch)}".encode() if batch.state == 0 else b""
+
+    def land(self) -> None:
+        for _, s, d, n in self.held:
+            _copy(s, d, n)
+
+
+class Event:
+    def __init__(self) -> None:
+        self.done = False
+        self.error = False
+
+    def query(self) -> bool:
+        if self.error:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return self.done
+
+
+@pytest.fixture
+def event_pair(fam, monkeypatch):
+    monkeypatch.setattr(prefill_worker, "_DEADLINE_CHECK_S", 30.0)
+    made = []
+
+    def make(**extra):
+        tight_knobs(**extra)
+        p = Pair(fam, engine=EventEngine)
+        p.peng.hold = True
+        opened: dict[bytes, Event] = {}
+        p.deng.open_written_event = lambda h: opened.setdefault(bytes(h), Event())
+        made.append(p)
+        return p, opened
+
+    yield make
+    for p in made:
+        p.close()
+    knobs.reset()
+
+
+def request(pair, room: int):
+    fill(pair.ppools, [1, 2], 1, 6)
+    s = pair.pre.sender(room, 0)
+    send_all(s, [1, 2], 1)
+    rv = pair.dec.receiver(room, 0)
+    rv.init([1, 2], 0, slot=1, aux_row=1)
+    wait_for(lambda: pair.peng.held, what="the write submitted and held")
+    return s, rv
+
+
+def test_decode_ends_the_request_at_the_event_before_prefills_success(event_pair):
+    pair, opened = event_pair()
+    s, rv = request(pair, 40)
+    wait_for(lambda: opened, what="decode opening the written event")
+    assert (rv.poll(), s.poll()) == (KVPoll.Transferring, KVPoll.Transferring)
+    pair.peng.land()
+    (event,) = opened.values()
+    event.done = True
+    assert rv.poll() == KVPoll.Success
+    assert s.poll() == KVPoll.Transferring  # prefill's own write has not ended yet
+    assert pair.dpools.view("kv", 0)[[1, 2]].min() == 6
+    written = rv.bytes
+    assert written > 0
+    pair.peng.release()
+    wait_for(lambda: pair.dec.counters["sources_done_twice"] == 1,
+             what="prefill's Success after the event, counted once")
+    assert (s.poll(), rv.poll(), rv.bytes) == (KVPoll.Success, KVPoll.Success, written)
+    assert pair.pre.counters["written_events_sent"] == 1
+    assert pair.dec.counters["written_events_landed"] == 1
+
+
+def test_an_event_that_raises_leaves_the_request_to_prefills_success(event_pair):
+    pair, opened = event_pair()
+    s, rv = request(pair, 41)
+    wait_for(lambda: opened, what="decode opening the written event")
+    next(iter(opened.values())).error = True
+    assert rv.poll() == KVPoll.Transferring
+    assert pair.dec.counters["written_events_failed"] == 1
+    pair.peng.release()
+    wait_for(lambda: rv.poll() == KVPoll.Success, what="decode's Success from prefill's")
+    assert pair.dec.counters["sources_done_twice"] == 0
+
+
+def test_an_event_decode_cannot_open_leaves_the_request_to_prefills_success(event_pair):
+    pair, opened = event_pair()
+    pair.deng.open_written_event = lambda h: None
+    s, rv = request(pair, 42)
+    wait_for(lambda: pair.dec.counters["written_events_unopened"] == 1,
+             what="decode refusing the written event")
+    assert rv.poll() == KVPoll.Transferring
+    pair.peng.release()
+    wait_for(lambda: rv.poll() == KVPoll.Success, what="decode's Success from prefill's")
+
+
+def test_with_the_knob_off_only_prefills_success_ends_the_request(event_pair):
+    pair, opened = event_pair(success_by_event=0)
+    s, rv = request(pair, 43)
+    assert rv.poll() == KVPoll.WaitingForInput  # no status before Success
+    pair.peng.release()
+    wait_for(lambda: rv.poll() == KVPoll.Success, what="decode's Success from prefill's")
+    assert (opened, pair.pre.counters["written_events_sent"]) == ({}, 0)
+
+
+def test_an_engine_without_events_sends_none(fam):
+    # every engine but cuda_ipc: the base class has no written event
+    assert ManualEngine().written_event(object()) == b""
+    assert ManualEngine().open_written_event(b"x") is None
