@@ -52,19 +52,6 @@ _IDLE_S = 1.0
 # thread does this only where it does nothing but wait (`callbacks_may_work`: cuda_ipc); the
 # sender's `send()` (the serving engine's scheduler thread) still wakes the worker, so the
 # scheduler never runs a submit. Knob `advance_inline` (0: always wake the worker).
-# Note [Success by event]: on the direct path a request's end waited for three things after
-# its last write was queued: the write, prefill's completion thread and pass, and the Success
-# message's trip to decode (0.7 + 0.7 ms after the submit in the H100 trace of a 1K request,
-# BENCHMARKS.md (w)). An engine whose writes end at an event another process can open
-# (cuda_ipc: the done event is made interprocess) lets prefill send, right after the last
-# write of a room is queued, a Transferring status carrying that event's handle and what its
-# Success will say; the message then crosses while the GPU writes. Decode opens the event and
-# its `poll()` ends the request once the event has completed; the engine's writes run in order
-# on one stream, so the last write's event covers every earlier one. Nothing else changes:
-# prefill still sends Success when its own completion thread sees the write end, decode
-# counts each source once (whichever comes first), and a failure still arrives as Failed.
-# The exported events are kept alive, bounded, after their batches end. Staged targets are
-# left out (decode scatters after Success). Knob `success_by_event`.
 # Passes an inline advance makes at most before it leaves the rest to the worker: the first
 # issues a room's writes, the second sees nothing left to move.
 _INLINE_PASSES = 2
@@ -353,6 +340,19 @@ class PrefillWorker(PrefillHost):
                                          pairs, "src")
             r.digests[d] = integrity.add(r.digests.get(d, 0), part)
 
+    # Note [Success by event]: on the direct path a request's end waited for three things after
+    # its last write was queued: the write, prefill's completion thread and pass, and the Success
+    # message's trip to decode (0.7 + 0.7 ms after the submit in the H100 trace of a 1K request,
+    # BENCHMARKS.md (w)). An engine whose writes end at an event another process can open
+    # (cuda_ipc: the done event is made interprocess) lets prefill send, right after the last
+    # write of a room is queued, a Transferring status carrying that event's handle and what its
+    # Success will say; the message then crosses while the GPU writes. Decode opens the event and
+    # its `poll()` ends the request once the event has completed; the engine's writes run in order
+    # on one stream, so the last write's event covers every earlier one. Nothing else changes:
+    # prefill still sends Success when its own completion thread sees the write end, decode
+    # counts each source once (whichever comes first), and a failure still arrives as Failed.
+    # The exported events are kept alive, bounded, after their batches end. Staged targets are
+    # left out (decode scatters after Success). Knob `success_by_event`.
     def _send_written(self, r: _Room) -> None:
         """Note [Success by event]: every write of the room is queued; tell each direct-path
         target the event after its last one, with what its Success will say."""
