@@ -114,9 +114,6 @@ KNOBS = {k.name: k for k in (
          "ends the request when that event completes, without waiting for prefill's Success "
          "message (Note [Success by event] in runtime/endpoints/prefill_worker.py); 0: only "
          "the Success message ends it"),
-    Knob("completion_spin_us", 0, "us", "> 0: cuda_ipc's completion thread asks a batch's "
-         "event for up to this long (giving up the GIL between asks) before it sleeps on it; "
-         "0: it sleeps at once (a blocking-sync event, woken by the driver)"),
     Knob("descriptor_grids", 1, "0/1", "1: the direct path hands an engine that takes them "
          "(cuda_ipc) a chunk's descriptors as base addresses x id runs, which one kernel expands "
          "on the device (Note [Descriptor grids] in runtime/engines/base.py); 0: the flat "

@@ -303,7 +303,6 @@ class DecodeEndpoint(DecodeHandshake, DecodeLiveness, DecodeStaging):
         else:
             rv.state = advanced(rv.state, KVPoll(msg.state))  # Note [Request states]
 
-
     def _source_done(self, rv: _Recv, name: str, msg) -> None:
         """Every write of source `name` has landed (its Success, or its written event
         completed: Note [Success by event]); each source counts once."""

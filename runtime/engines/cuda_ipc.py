@@ -29,7 +29,6 @@ import json
 import os
 import queue
 import threading
-import time
 
 import numpy as np
 
@@ -231,15 +230,12 @@ class CudaIpcEngine(LocalDeviceEngine):
         return True
 
     def _wait_events(self, ended: queue.SimpleQueue) -> None:
-        spin_s = knobs.get("completion_spin_us") * 1e-6
         while True:
             events = ended.get()
             if events is None:
                 return
             for ev in events:
                 try:
-                    if spin_s:  # a short write ends sooner than the driver's wake-up
-                        _spin(ev, spin_s)
                     ev.synchronize()
                 except RuntimeError:
                     pass  # poll() reports the CUDA error on the batch
@@ -546,12 +542,3 @@ class CudaIpcEngine(LocalDeviceEngine):
                 self._release(p)
         super().close()
         self._exports.clear()
-
-
-def _spin(event, seconds: float) -> None:
-    """Ask `event` until it completed or `seconds` passed, the GIL given up between asks
-    (knob completion_spin_us): a blocking-sync event's waiter is woken by the driver's
-    interrupt, which on a virtual machine can take longer than a short write itself."""
-    deadline = time.perf_counter() + seconds
-    while not event.query() and time.perf_counter() < deadline:
-        time.sleep(0)
