@@ -4,8 +4,9 @@ A direct-path request of `--pages` pages over 160 rows (Llama-3-70B's K and V bu
 layers) from this process into a peer process's buffer through CUDA IPC, as descriptor grids
 (Note [Descriptor grids]) and as the flat list: the host µs of `submit_grids` /
 `submit_write` (the write waited for outside the timing), then each step of a grid submit
-alone (the peer's liveness, the grid checks, the rows' spans and translation, the device and
-stream switches, the ready event, the launch's graph replay, the done event), medians of
+alone (the peer's liveness, the grid checks, the rows' spans and translation, the device
+check, the stream switch, the reused ready event, the launch's graph replay, the done event;
+and the device and stream context objects and fresh ready event of the submit before), medians of
 `--reps` after a warm-up, and cProfile over `--profile N` submits. Every byte of the first
 and last grid write is read back from the peer. Needs a CUDA device.
 
@@ -118,9 +119,15 @@ def main() -> int:
             "check_grids": lambda: check_grids(g),
             "_mapped_grid (spans, 2x outside, translate)": lambda: eng._mapped_grid(
                 peer, target, 0, g[0]),
-            "torch.cuda.device(...) enter+exit": lambda: _ctx(torch.cuda.device(eng.device)),
-            "torch.cuda.stream(s) enter+exit": lambda: _ctx(torch.cuda.stream(stream)),
-            "Event() + record(current_stream)": lambda: eng._ready_event(None),
+            # what _queue does now, then the context objects and fresh event it did before
+            "current_device() check": lambda: torch.cuda.current_device(),
+            "set_stream(s) there and back": lambda: _set_back(stream),
+            "reused Event.record(current_stream)": lambda: ready.record(
+                torch.cuda.current_stream()),
+            "(before) torch.cuda.device(...) enter+exit": lambda: _ctx(
+                torch.cuda.device(eng.device)),
+            "(before) torch.cuda.stream(s) enter+exit": lambda: _ctx(torch.cuda.stream(stream)),
+            "(before) Event() + record(current_stream)": lambda: eng._ready_event(None),
             "stream.wait_event(ev)": lambda: stream.wait_event(ready),
             "launch_grids (replay) on the stream": lambda: _on(stream, lambda: descriptor_copy
                                                                .launch_grids(mapped, eng.device)),
@@ -152,6 +159,12 @@ def main() -> int:
     for r in rows:
         print(r)
     return C.finish("submit_host", args, rows, checks)
+
+
+def _set_back(stream) -> None:
+    caller = torch.cuda.current_stream()
+    torch.cuda.set_stream(stream)
+    torch.cuda.set_stream(caller)
 
 
 def _ctx(cm) -> None:
