@@ -29,3 +29,28 @@ def pair(fam):
     yield p
     p.close()
     knobs.reset()
+
+
+@pytest.fixture
+def make_pair(fam, monkeypatch):
+    """`make_pair(engine_cls, **knobs)`: a `pair` with that prefill engine and those knobs,
+    whose worker sleeps until woken (its 50 ms look at the deadlines moved to 30 s), so that
+    no pass of its own runs when a test's message arrives (Note [Advance on the waking
+    thread]); every pair made is closed, and knobs reset, after the test."""
+    from pdc.runtime.endpoints import prefill_worker
+
+    from .failure_tools import Pair, tight_knobs
+
+    monkeypatch.setattr(prefill_worker, "_DEADLINE_CHECK_S", 30.0)
+    pairs = []
+
+    def make(engine, **extra):
+        tight_knobs(**extra)
+        p = Pair(fam, engine=engine)
+        pairs.append(p)
+        return p
+
+    yield make
+    for p in pairs:
+        p.close()
+    knobs.reset()

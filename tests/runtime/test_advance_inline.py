@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import threading
 
-import pytest
-from pdc.runtime import knobs
-from pdc.runtime.endpoints import KVPoll, prefill_worker
+from pdc.runtime.endpoints import KVPoll
 
-from .failure_tools import ManualEngine, Pair, fill, send_all, tight_knobs, wait_for
+from .failure_tools import ManualEngine, fill, send_all, wait_for
 
 
 class ThreadsEngine(ManualEngine):
@@ -41,25 +39,6 @@ class WorkingCallbacks(ThreadsEngine):
         for cb in self.callbacks:
             cb()
         return n
-
-
-@pytest.fixture
-def make_pair(fam, monkeypatch):
-    # The worker looks at its rooms every 50 ms; here it sleeps until woken, so that no
-    # pass of its own runs when a test's message arrives
-    monkeypatch.setattr(prefill_worker, "_DEADLINE_CHECK_S", 30.0)
-    pairs = []
-
-    def make(engine, **extra):
-        tight_knobs(**extra)
-        p = Pair(fam, engine=engine)
-        pairs.append(p)
-        return p
-
-    yield make
-    for p in pairs:
-        p.close()
-    knobs.reset()
 
 
 def success_thread(pair, sender) -> list[str]:

@@ -7,10 +7,9 @@ handle per batch; decode opens a handle as an event whose completion the test de
 from __future__ import annotations
 
 import pytest
-from pdc.runtime import knobs
-from pdc.runtime.endpoints import KVPoll, prefill_worker
+from pdc.runtime.endpoints import KVPoll
 
-from .failure_tools import ManualEngine, Pair, _copy, fill, send_all, tight_knobs, wait_for
+from .failure_tools import ManualEngine, _copy, fill, send_all, wait_for
 
 
 class EventEngine(ManualEngine):
@@ -37,23 +36,15 @@ class Event:
 
 
 @pytest.fixture
-def event_pair(fam, monkeypatch):
-    monkeypatch.setattr(prefill_worker, "_DEADLINE_CHECK_S", 30.0)
-    made = []
-
+def event_pair(make_pair):
     def make(**extra):
-        tight_knobs(**extra)
-        p = Pair(fam, engine=EventEngine)
+        p = make_pair(EventEngine, **extra)
         p.peng.hold = True
         opened: dict[bytes, Event] = {}
         p.deng.open_written_event = lambda h: opened.setdefault(bytes(h), Event())
-        made.append(p)
         return p, opened
 
-    yield make
-    for p in made:
-        p.close()
-    knobs.reset()
+    return make
 
 
 def request(pair, room: int):
