@@ -367,16 +367,20 @@ class PrefillWorker(PrefillHost):
                     batch is not None else b""
                 if not handle:
                     continue  # staged (decode scatters after Success) or already ended
-                assert r.generation is not None  # set by the TransferRequest of the target
-                sends.append((t.identity, self._status(
-                    r.room, r.generation, KVPoll.Transferring,
-                    bytes_written=r.bytes_to.get(d, 0), descriptors=r.descriptors_to.get(d, 0),
-                    checksum=r.digests.get(d, 0) if r.checksum else None,
-                    page_start=r.last_range[0], page_count=r.last_range[1],
-                    written_event=handle)))
+                sends.append((t.identity, self._written_status(r, d, KVPoll.Transferring,
+                                                                written_event=handle)))
             self.counters["written_events_sent"] += len(sends)
         for ident, st in sends:
             self._reply(ident, st)
+
+    def _written_status(self, r: _Room, d: RankId, state: KVPoll, **kw):
+        """What decode rank d is told once the room's writes to it are all queued (its
+        written event, Note [Success by event]) or landed (Success)."""
+        assert r.generation is not None  # set by the TransferRequest of the target
+        return self._status(r.room, r.generation, state, bytes_written=r.bytes_to.get(d, 0),
+                            descriptors=r.descriptors_to.get(d, 0),
+                            checksum=r.digests.get(d, 0) if r.checksum else None,
+                            page_start=r.last_range[0], page_count=r.last_range[1], **kw)
 
     def _finish_success(self, r: _Room) -> None:
         with self.lock:
@@ -387,12 +391,7 @@ class PrefillWorker(PrefillHost):
             parked = self._retire(r)
             sends = []
             for d, t in r.targets.items():
-                assert r.generation is not None  # set by the TransferRequest of the target
-                sends.append((t.identity, self._status(
-                    r.room, r.generation, KVPoll.Success, bytes_written=r.bytes_to.get(d, 0),
-                    descriptors=r.descriptors_to.get(d, 0),
-                    checksum=r.digests.get(d, 0) if r.checksum else None,
-                    page_start=r.last_range[0], page_count=r.last_range[1])))
+                sends.append((t.identity, self._written_status(r, d, KVPoll.Success)))
             self.counters["succeeded"] += 1
         self._free_gather_buffers(r, drained=True)
         for ident, st in sends:
