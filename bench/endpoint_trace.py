@@ -3,10 +3,14 @@
 Runs that bench with the endpoints' main steps wrapped in stamps (time.monotonic, one clock for
 both processes): decode's init() and message handler, prefill's message handler, coverage
 check, component pairs, descriptor build, gather, submit and Success reply, decode's scatter,
-and the engine's submit_write. Each process writes its stamps to `TRACE_OUT.<pid>.json` at exit;
-`--show TRACE_OUT` prints, per case, the median start, end and duration of every step relative
-to decode's init(). The wrappers cost about a microsecond per call, so the bench's own table
-stays comparable. Timings only; nothing is asserted.
+and the engine's submit_write. With `TRACE_FINE=1` the cuda_ipc submit's own steps too (the
+peer's liveness, the grid checks, the rows' translation, the queueing, the launch, the written
+event). Each stamp keeps the thread's CPU time beside the wall time, so a step that waits (for
+the GIL, in a system call) shows as wall time above its CPU time. Each process writes its
+stamps to `TRACE_OUT.<pid>.json` at exit; `--show TRACE_OUT` prints, per case, the median
+start, end, duration and CPU time of every step relative to decode's init(). The wrappers cost
+about a microsecond per call, so the bench's own table stays comparable. Timings only; nothing
+is asserted.
 
     TRACE_OUT=/tmp/tr/t TRACE_ENGINE_CLS=pdc.runtime.engines.cuda_ipc.CudaIpcEngine \\
         BENCH_WRAP="python3 $PWD/bench/endpoint_trace.py" bash bench/run_gpu_engines.sh OUT
@@ -27,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-STAMPS: list[tuple[str, float, float]] = []
+STAMPS: list[tuple[str, float, float, float]] = []  # label, start, end, thread CPU s
 
 
 def _wrap(owner, name: str, label: str) -> None:
@@ -35,11 +39,11 @@ def _wrap(owner, name: str, label: str) -> None:
 
     @functools.wraps(f)
     def stamped(*a, **k):
-        t = time.monotonic()
+        t, c = time.monotonic(), time.thread_time()
         try:
             return f(*a, **k)
         finally:
-            STAMPS.append((label, t, time.monotonic()))
+            STAMPS.append((label, t, time.monotonic(), time.thread_time() - c))
 
     setattr(owner, name, stamped)
 
@@ -86,6 +90,15 @@ def install() -> None:
         _wrap(owner, "submit_write", "engine.submit_write")
         if "submit_grids" in vars(owner):
             _wrap(owner, "submit_grids", "engine.submit_grids")
+        if os.environ.get("TRACE_FINE") and eng.endswith("CudaIpcEngine"):
+            from pdc.runtime import descriptor_copy
+            from pdc.runtime.engines import cuda_ipc
+
+            for n in ("_alive", "_mapped_grid", "_queue", "written_event", "_watch"):
+                _wrap(owner, n, f"cuda_ipc.{n}")
+            _wrap(cuda_ipc, "check_grids", "cuda_ipc.check_grids")
+            _wrap(descriptor_copy, "launch_grids", "descriptor_copy.launch_grids")
+            _wrap(descriptor_copy, "_launch_cuda", "descriptor_copy._launch_cuda")
 
     def dump() -> None:
         out = os.environ.get("TRACE_OUT", "trace/t")
@@ -114,9 +127,10 @@ def show(prefix: str, reps: int, cases: list[str]) -> None:
         steps = collections.defaultdict(list)
         for req in requests[i * (reps + 1) + 1:(i + 1) * (reps + 1)]:
             t0, seen = req[0][1], collections.Counter()
-            for label, a, b in req:
+            for label, a, b, *cpu in req:
                 seen[label] += 1
-                steps[(label, seen[label])].append(((a - t0) * 1e3, (b - a) * 1e3))
+                steps[(label, seen[label])].append(((a - t0) * 1e3, (b - a) * 1e3,
+                                                    cpu[0] * 1e3 if cpu else float("nan")))
         print(f"== {case}: ms from decode's init()")
         for (label, k), v in sorted(steps.items(),
                                     key=lambda x: statistics.median(y[0] for y in x[1])):
@@ -125,7 +139,8 @@ def show(prefix: str, reps: int, cases: list[str]) -> None:
             start = statistics.median(y[0] for y in v)
             end = statistics.median(y[0] + y[1] for y in v)
             print(f"  {label:32s}#{k}  start {start:8.3f}  end {end:8.3f}  "
-                  f"took {statistics.median(y[1] for y in v):7.3f}")
+                  f"took {statistics.median(y[1] for y in v):7.3f}  "
+                  f"cpu {statistics.median(y[2] for y in v):7.3f}")
 
 
 if __name__ == "__main__":

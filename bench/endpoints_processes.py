@@ -233,9 +233,10 @@ def _prefill(conn, a: dict, case: str) -> None:
         for s in senders:
             s.send(ids, 0, True, a["tokens"], aux_row=1)
         deadline = time.monotonic() + STEP_S
+        poll_s = a.get("prefill_poll_us", 200) * 1e-6
         while any(s.poll() not in (KVPoll.Success, KVPoll.Failed) for s in senders) and \
                 time.monotonic() < deadline:
-            time.sleep(0.0002)
+            time.sleep(poll_s)
         states = [s.poll() for s in senders]
         stats = [(s.stats.t_init, s.stats.t_done, s.stats.descriptors) for s in senders]
         digests = None
@@ -430,6 +431,9 @@ def main() -> int:
                     help="only these (case, tokens) pairs, e.g. tp2-tp1-staged:8192 "
                          "(default: every case at every --tokens-list length)")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--prefill-poll-us", type=int, default=200,
+                    help="how often prefill's caller polls its senders, as a serving engine's "
+                         "scheduler would (its Python shares the GIL with pdc's threads)")
     ap.add_argument("--profile-submits", type=int, default=0, metavar="N",
                     help="also run N engine-only submits under cProfile (table on stderr)")
     ap.add_argument("--prefill-device", default="cuda:0")
