@@ -109,6 +109,10 @@ KNOBS = {k.name: k for k in (
          "thread after a decode request, cuda_ipc's completion thread after a batch) moves the "
          "rooms forward itself when no worker pass runs (Note [Advance on the waking thread] in "
          "runtime/endpoints/prefill_worker.py); 0: it wakes the transfer worker, as before"),
+    Knob("landed_wakeup", 1, "0/1", "1: a cuda_ipc decode rank queues a host function "
+         "behind each written event it opened (Note [Landed wake-up] in "
+         "runtime/engines/cuda_watch.py), which wakes the endpoint's caller as the bytes "
+         "land; 0: the caller finds the event complete at its next poll"),
     Knob("success_by_event", 1, "0/1", "1: a cuda_ipc prefill rank sends decode its last "
          "writes' done event (a CUDA IPC handle) as soon as they are queued, and decode's poll "
          "ends the request when that event completes, without waiting for prefill's Success "

@@ -331,6 +331,12 @@ class DecodeEndpoint(DecodeHandshake, DecodeLiveness, DecodeStaging):
             self.counters["written_events_unopened"] += 1
             return
         rv.written[name] = (msg, ev)
+        # Note [Landed wake-up]: the caller woken as the bytes land, not at its next poll
+        if self.engine.watch_written(ev, name, self._signal):
+            self.counters["written_events_watched"] += 1
+
+    def _signal(self) -> None:
+        self.on_change()  # looked up per call: the serving engine sets it after start
 
     def _landed(self, rv: _Recv) -> None:
         """Sources whose written event has completed are done (Note [Success by event]); an

@@ -44,7 +44,8 @@ from .base import (
     as_descriptors,
     check_grids,
 )
-from .local import _boot_id, _start_time_ticks
+from .cuda_watch import LandedWatch
+from .local import ProcessWatch, _boot_id, _start_time_ticks
 from .local_device import LocalDeviceEngine, _CudaArray, _device_modules, _locate
 
 _HANDLE_BYTES = 64  # sizeof(CUipcMemHandle)
@@ -161,6 +162,7 @@ class _IpcPeer:
                  regions: list[tuple[int, int, int]], handles: list[bytes], views: dict):
         self.pid = pid
         self.start_ticks = start_ticks
+        self.watch = ProcessWatch(pid, start_ticks)  # Note [Process watch] in local.py
         self.device = device
         self.ranges = ranges
         items = sorted(regions)  # (remote start, nbytes, mapped start)
@@ -168,9 +170,22 @@ class _IpcPeer:
         self.mapped = np.array([r[2] for r in items], np.uint64)
         self.handles = handles  # one entry per acquire
         self.views = views  # remote start -> uint8 tensor over the mapping
+        self._rows: dict[bytes, np.ndarray] = {}  # `mapped_rows`
 
     def engine(self):  # a _DevicePeer's weak reference: no engine object in this process
         return None
+
+    def mapped_rows(self, rows: np.ndarray) -> np.ndarray:
+        """`translate(rows)`, kept per rows: a peer's regions never change (a new
+        registration is a new peer), and a row span inside a row's range maps by the same
+        offset as the row (Note [Row room] in base.py)."""
+        key = rows.tobytes()
+        got = self._rows.get(key)
+        if got is None:
+            if len(self._rows) >= 256:
+                self._rows.clear()
+            got = self._rows[key] = self.translate(rows)
+        return got
 
     def translate(self, addr: np.ndarray) -> np.ndarray:
         """Peer addresses (known to lie inside its ranges) -> addresses in this process."""
@@ -209,6 +224,7 @@ class CudaIpcEngine(LocalDeviceEngine):
         # out kept alive (bounded) past their batches, for the peer that opened them
         self._export_events = bool(knobs.get("success_by_event")) and self._cuda
         self._exported: collections.deque = collections.deque(maxlen=_EXPORTED_EVENTS)
+        self._landed: LandedWatch | None = None  # Note [Landed wake-up] in cuda_watch.py
 
     # -- completion: a thread of the engine's own waits on each batch's event -------------------
 
@@ -351,7 +367,7 @@ class CudaIpcEngine(LocalDeviceEngine):
             MAPPINGS.release(self._driver, h)
 
     def _alive(self, peer: str, target: _IpcPeer) -> bool:
-        if _start_time_ticks(target.pid) == target.start_ticks:
+        if target.watch.alive():
             return True
         with self._lock:
             if self._peers.get(peer) is target:
@@ -431,6 +447,10 @@ class CudaIpcEngine(LocalDeviceEngine):
         """`g` with its destination rows in this process's mapping, once every row's span
         lies inside one registration on each side."""
         s_lo, s_span, d_lo, d_span = g.spans()
+        if s_lo + s_span <= self._regions.room(g.src_rows) and \
+                d_lo + d_span <= target.ranges.room(g.dst_rows):  # Note [Row room]
+            return DescriptorGrid(g.src_rows, target.mapped_rows(g.dst_rows), g.src_runs,
+                                  g.dst_runs, g.run_bytes)
         rows = len(g.src_rows)
         for side, table, at, lo, span in (("source", self._regions, g.src_rows, s_lo, s_span),
                                           ("destination", target.ranges, g.dst_rows, d_lo,
@@ -502,6 +522,15 @@ class CudaIpcEngine(LocalDeviceEngine):
         torch = _device_modules()
         return torch.cuda.Event.from_ipc_handle(self.device, bytes(handle))
 
+    def watch_written(self, event, source: str, callback) -> bool:
+        if not self._cuda or self._driver is None or not knobs.get("landed_wakeup"):
+            return False
+        with self._ipc_lock:
+            if self._landed is None:
+                self._landed = LandedWatch(self._driver._cu, self._driver.ensure_context,
+                                           self.device.index)
+        return self._landed.watch(event, source, callback)
+
     def _check_ranges(self, peer, target, src_u, dst_u, nbytes_u) -> None:
         outside = self._regions.outside(src_u, nbytes_u)
         if outside.size:
@@ -534,6 +563,8 @@ class CudaIpcEngine(LocalDeviceEngine):
         if ended is not None and waiter is not None:
             ended.put(None)
             waiter.join(timeout=5)
+        if self._landed is not None:
+            self._landed.close()
         with self._lock:
             ipc = [p for p in self._peers.values() if isinstance(p, _IpcPeer)]
             closed = self._closed

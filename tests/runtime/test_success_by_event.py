@@ -114,3 +114,35 @@ def test_an_engine_without_events_sends_none(fam):
     # every engine but cuda_ipc: the base class has no written event
     assert ManualEngine().written_event(object()) == b""
     assert ManualEngine().open_written_event(b"x") is None
+
+
+def test_a_watched_event_wakes_decodes_caller_when_it_completes(event_pair):
+    # Note [Landed wake-up]: the engine calls back once the event completes; the callback
+    # only signals, and the caller's poll then ends the request.
+    pair, opened = event_pair()
+    watched = []
+    pair.deng.watch_written = lambda ev, source, cb: watched.append((ev, source, cb)) or True
+    signals = []
+    pair.dec.on_change = lambda: signals.append(1)
+    s, rv = request(pair, 44)
+    wait_for(lambda: watched, what="decode watching the written event")
+    ((event, source, callback),) = watched
+    assert (source, pair.dec.counters["written_events_watched"]) == ("prefill.dp0.pp0.tp0", 1)
+    before = len(signals)
+    pair.peng.land()
+    event.done = True
+    callback()
+    assert len(signals) == before + 1
+    assert rv.poll() == KVPoll.Success
+    pair.peng.release()
+
+
+def test_an_engine_that_cannot_watch_leaves_the_event_to_the_poll(event_pair):
+    pair, opened = event_pair()
+    s, rv = request(pair, 45)
+    wait_for(lambda: opened, what="decode opening the written event")
+    assert pair.dec.counters["written_events_watched"] == 0  # ManualEngine: the base's False
+    pair.peng.land()
+    next(iter(opened.values())).done = True
+    assert rv.poll() == KVPoll.Success
+    pair.peng.release()

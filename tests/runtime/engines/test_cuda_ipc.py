@@ -284,6 +284,30 @@ def test_grid_refusals_name_the_grid_and_row(child):
     peer.close()
 
 
+def test_grids_of_repeated_rows_are_checked_against_the_registrations_of_the_time(child):
+    # Note [Row room]: rows seen before check by their kept room; a request beyond it, or a
+    # table changed since, gets the full check and its refusal.
+    drv, writer, peer, name, src, dst = _setup(child)
+    s0, d0 = src.data_ptr(), dst[0].data_ptr()
+    rows = ([s0, s0 + 1024], [d0, d0 + 2048])
+    for run in (0, 4096, 60000):
+        b = writer.submit_grids(name, [_grid(*rows, [run], [run], [512])])
+        assert writer.poll(b) is BatchState.DONE
+        assert torch.equal(dst[0][2048 + run:2048 + run + 512], src[1024 + run:1024 + run + 512])
+    with pytest.raises(DescriptorError) as e:
+        writer.submit_grids(name, [_grid(*rows, [0], [63000], [512])])
+    assert str(e.value) == (f"cuda_ipc: grid 0, destination row 1 [{d0 + 2048 + 63000:#x}, "
+                            f"+512) is not inside memory {name} registered (1 such); nothing "
+                            "was written")
+    writer.deregister(s0)
+    with pytest.raises(DescriptorError) as e:
+        writer.submit_grids(name, [_grid(*rows, [0], [0], [512])])
+    assert str(e.value) == (f"cuda_ipc: grid 0, source row 0 [{s0:#x}, +512) is not inside "
+                            "memory this engine registered (2 such); nothing was written")
+    writer.close()
+    peer.close()
+
+
 # ~~~ GPU: two real processes on one device ~~~
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -497,29 +521,37 @@ def test_handle_bytes_survive_nul_bytes():
     assert bytes(bytearray(h.reserved)) == raw
 
 
-def _gpu_event_reader(conn, size):
+def _gpu_event_reader(conn, size, watched=False):
     """The decode side of Note [Success by event]: opens the writer's event handle, waits by
-    asking it (never on the writer's stream), then answers with its bytes."""
+    asking it (never on the writer's stream), or, `watched`, for the engine's call back
+    (Note [Landed wake-up]), then answers with its bytes."""
+    import threading
+
     eng = CudaIpcEngine("cuda:0")
     dst = torch.full((size,), 0xA5, dtype=torch.uint8, device="cuda:0")
     eng.register_tensor(dst)
     conn.send((eng.agent_info(), dst.data_ptr()))
     ev = eng.open_written_event(conn.recv())
-    asked = 1
+    asked, at_call = 1, None
+    if watched:
+        called = threading.Event()
+        at_call = eng.watch_written(ev, "writer", called.set) and called.wait(60) and \
+            ev.query()  # complete when the call came
     while not ev.query():
         asked += 1
-    conn.send((asked, dst.cpu().numpy().tobytes()))
+    conn.send((asked, at_call, dst.cpu().numpy().tobytes()))
     conn.recv()
     eng.close()
 
 
 @pytest.mark.gpu
 @needs_cuda
-def test_gpu_a_written_event_opened_in_the_peer_completes_after_every_byte_landed():
+@pytest.mark.parametrize("watched", [False, True], ids=["asked", "watched"])
+def test_gpu_a_written_event_opened_in_the_peer_completes_after_every_byte_landed(watched):
     size = 256 << 20
     ctx = mp.get_context("spawn")
     a, b = ctx.Pipe()
-    p = ctx.Process(target=_gpu_event_reader, args=(b, size))
+    p = ctx.Process(target=_gpu_event_reader, args=(b, size, watched))
     p.start()
     try:
         assert a.poll(120)
@@ -538,9 +570,10 @@ def test_gpu_a_written_event_opened_in_the_peer_completes_after_every_byte_lande
         assert len(handle) == 64
         a.send(handle)
         assert a.poll(120)
-        asked, raw = a.recv()
+        asked, at_call, raw = a.recv()
         got = torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(-1, 32768)
         assert torch.equal(got[torch.from_numpy(pages)], src.cpu().view(-1, 32768))
+        assert at_call is (True if watched else None)
         print(f"the peer asked the event {asked} times")
         eng.wait(last, 60)
         assert eng.written_event(last) == b""  # an ended batch has no event to hand out

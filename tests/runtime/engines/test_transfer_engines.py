@@ -392,6 +392,23 @@ def test_region_table_containment_of_large_writes():
         assert table.outside(bad_a, bad_n).tolist() == [i]
 
 
+def test_region_table_room_of_rows_follows_the_table():
+    # Note [Row room]: the least bytes from a row to the end of its range, 0 when a row lies
+    # in no range; an answer kept per rows is dropped when the table changes.
+    table = RegionTable([(0x1000, 0x1000), (0x4000, 0x100)])
+    rows = np.array([0x1000, 0x1800, 0x4080], np.uint64)
+    assert table.room(rows) == 0x80
+    assert table.room(rows[:2]) == 0x800
+    assert table.room(np.array([0x1000, 0x2000], np.uint64)) == 0  # 0x2000 is past the end
+    assert table.room(np.array([0x0FFF], np.uint64)) == 0
+    assert table.room(np.zeros(0, np.uint64)) == 0
+    table.remove(0x4000)
+    assert table.room(rows) == 0
+    table.add(0x4000, 0x1000)
+    assert table.room(rows) == 0x800
+    assert RegionTable().room(rows) == 0
+
+
 def test_package_import_loads_no_engine_library():
     code = (
         "import sys, pdc.runtime.engines as e; "
