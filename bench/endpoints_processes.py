@@ -15,13 +15,13 @@ Per case the same run also measures
   request's page descriptors), and
 - a device copy: one contiguous copy of the request's bytes on the prefill device.
 Time is decode's init() to Success (decode's caller wakes on the endpoint's state-change
-signal, or polls every 0.2 ms), median of `--reps` requests with fresh page ids (after one
-warm-up). `phases` splits it with the prefill senders' own stamps (time.monotonic is one clock
-for both processes): init -> first submit (request message, gather), first submit -> last
-write done, done -> Success (Success message, decode's scatter). Every byte of the first and
-last timed requests is checked: the link digest (runtime/integrity.py) over prefill's source
-items must equal the one over decode's destination items on every link; the engine-only bytes
-are checked by CRC.
+signal, or polls every `--decode-poll-us`, 0.2 ms), median of `--reps` requests with fresh page
+ids (after one warm-up). `phases` splits it with the prefill senders' own stamps
+(time.monotonic is one clock for both processes): init -> first submit (request message,
+gather), first submit -> last write done, done -> Success (Success message, decode's scatter).
+Every byte of the first and last timed requests is checked: the link digest
+(runtime/integrity.py) over prefill's source items must equal the one over decode's destination
+items on every link; the engine-only bytes are checked by CRC.
 
     python3 bench/endpoints_processes.py --engines cuda_ipc --json out.json
     python3 bench/endpoints_processes.py --small --json /tmp/p.json   # CPU, host engine "local"
@@ -322,7 +322,8 @@ def run_case(args, case: str, rows, checks) -> None:
         dec.wait_ready(120)
         # Note [State-change signal]: decode's control thread signals each turn that read a
         # message, so the wait below wakes at the Success; a scatter ended by a CUDA event
-        # only a poll sees, at the wait's bound (0.2 ms, the bench's poll interval before)
+        # only a poll sees, at the wait's bound (--decode-poll-us, 0.2 ms by default); a
+        # written event wakes it when the engine watches it (Note [Landed wake-up])
         changed = threading.Event()
         dec.on_change = changed.set
         times, phases, ok, staged, descs = [], [], True, [], 0
@@ -341,7 +342,7 @@ def run_case(args, case: str, rows, checks) -> None:
                 if rv.poll() in (KVPoll.Success, KVPoll.Failed) or \
                         time.monotonic() > deadline:
                     break
-                changed.wait(0.0002)
+                changed.wait(args.decode_poll_us * 1e-6)
             dt, m1 = time.perf_counter() - t0, time.monotonic()
             if rv.poll() != KVPoll.Success:
                 raise RuntimeError(f"request failed: {rv.reason or 'timed out'}")
@@ -431,6 +432,10 @@ def main() -> int:
                     help="only these (case, tokens) pairs, e.g. tp2-tp1-staged:8192 "
                          "(default: every case at every --tokens-list length)")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--decode-poll-us", type=int, default=200,
+                    help="the longest decode's caller sleeps between polls when no state "
+                         "change wakes it (a serving engine's idle scheduler: 2000 for "
+                         "SGLang's idle wait)")
     ap.add_argument("--prefill-poll-us", type=int, default=200,
                     help="how often prefill's caller polls its senders, as a serving engine's "
                          "scheduler would (its Python shares the GIL with pdc's threads)")
