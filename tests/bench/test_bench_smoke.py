@@ -24,6 +24,7 @@ GOALS = {
     "endpoints_device": {"best_case"},
     "endpoints_processes": {"endpoints_vs_engine_target", "fixed_ms_target", "fixed_ms"},
     "staging_host": set(),
+    "control_hop": set(),
 }
 ROW_KEYS = {
     "kernels": {"case", "ms", "gbps", "copy_gbps", "ratio_to_copy"},
@@ -36,6 +37,7 @@ ROW_KEYS = {
     "endpoints_processes": {"case", "engine", "ms", "gbps", "engine_only_gbps",
                             "ratio_to_engine", "fixed_ms", "init_to_submit_ms"},
     "staging_host": {"graphs", "gather host", "scatter host", "captured", "replayed"},
+    "control_hop": {"transport", "rtt_p50_us", "rtt_p90_us", "reps"},
 }
 
 
