@@ -331,8 +331,9 @@ class DecodeEndpoint(DecodeHandshake, DecodeLiveness, DecodeStaging):
             self.counters["written_events_unopened"] += 1
             return
         rv.written[name] = (msg, ev)
-        # Note [Landed wake-up]: the caller woken as the bytes land, not at its next poll
-        if self.engine.watch_written(ev, name, self._signal):
+        # Note [Landed wake-up]: the caller woken as the bytes land, not at its next poll;
+        # a source is this endpoint's peer: endpoints sharing an engine may name theirs alike
+        if self.engine.watch_written(ev, f"{id(self):x}/{name}", self._signal):
             self.counters["written_events_watched"] += 1
 
     def _signal(self) -> None:

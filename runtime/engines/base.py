@@ -358,7 +358,7 @@ def locate_address(addr: int) -> str:
     return address_device(addr)
 
 
-_ROOMS_KEPT = 256  # rows arrays whose room a RegionTable keeps (a few per link)
+ROWS_KEPT = 256  # rows arrays whose answers a table keeps (a few per link: Note [Row room])
 
 
 class RegionTable:
@@ -418,7 +418,7 @@ class RegionTable:
             slot = np.searchsorted(starts, rows, side="right").astype(np.int64) - 1
             if (slot >= 0).all() and (rows < ends[slot]).all():
                 room = int((ends[slot] - rows).min())
-        if len(self._rooms) >= _ROOMS_KEPT:
+        if len(self._rooms) >= ROWS_KEPT:
             self._rooms.clear()
         self._rooms[key] = (version, room)
         return room

@@ -34,6 +34,7 @@ import numpy as np
 
 from .. import descriptor_copy, knobs
 from .base import (
+    ROWS_KEPT,
     Batch,
     BatchState,
     DescriptorError,
@@ -182,7 +183,7 @@ class _IpcPeer:
         key = rows.tobytes()
         got = self._rows.get(key)
         if got is None:
-            if len(self._rows) >= 256:
+            if len(self._rows) >= ROWS_KEPT:
                 self._rows.clear()
             got = self._rows[key] = self.translate(rows)
         return got

@@ -69,6 +69,7 @@ class LandedWatch:
         self._ensure_context = ensure_context
         self._device_index = device_index
         self._streams: dict[str, _SourceStream] = {}
+        self._streams_lock = threading.Lock()  # endpoints sharing the engine watch at once
         cu.cuStreamCreate.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
         cu.cuStreamWaitEvent.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint]
         cu.cuLaunchHostFunc.argtypes = [ctypes.c_void_p, _HOST_FN, ctypes.c_void_p]
@@ -80,7 +81,8 @@ class LandedWatch:
         now = time.monotonic()
         try:
             self._ensure_context(self._device_index)
-            stream = self._stream(source, now)
+            with self._streams_lock:
+                stream = self._stream(source, now)
             if self._cu.cuStreamWaitEvent(stream.handle, event.cuda_event, 0) != 0:
                 return False
             token = next(_tokens)
@@ -117,7 +119,7 @@ class LandedWatch:
     def close(self) -> None:
         """Lets go of the streams: the driver frees each once its queued work has run, and a
         host function still queued finds no callback."""
-        with _lock:
+        with self._streams_lock, _lock:
             for stream in self._streams.values():
                 for token in stream.pending:
                     _pending.pop(token, None)

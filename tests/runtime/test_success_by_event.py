@@ -127,7 +127,8 @@ def test_a_watched_event_wakes_decodes_caller_when_it_completes(event_pair):
     s, rv = request(pair, 44)
     wait_for(lambda: watched, what="decode watching the written event")
     ((event, source, callback),) = watched
-    assert (source, pair.dec.counters["written_events_watched"]) == ("prefill.dp0.pp0.tp0", 1)
+    assert (source, pair.dec.counters["written_events_watched"]) == \
+        (f"{id(pair.dec):x}/prefill.dp0.pp0.tp0", 1)
     before = len(signals)
     pair.peng.land()
     event.done = True
