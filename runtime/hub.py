@@ -40,7 +40,7 @@ from typing import cast
 
 import zmq
 
-from . import auth, knobs
+from . import auth, knobs, lane
 from .control import HostSettings, _bind_random, _key, enable_ipv6, peer_address
 
 _POLL_MS = 20  # the hub's longest sleep: on_tick runs at least this often
@@ -93,6 +93,15 @@ class Hub:
         self._dealers: dict[str, zmq.Socket] = {}
         self._retired: list[zmq.Socket] = []  # replaced dealers, closed by the hub thread
         self._changed = True  # the set of sockets changed: the hub thread re-registers
+        # Note [Same-host lane] (runtime/lane.py): lanes read by the hub thread (server: by
+        # connection, its peer's identity once its hello came; client: by peer name) and
+        # those a send may use (a lane that could not carry a message sends no more)
+        self._lane_on = self._key is None and bool(knobs.get("control_lane"))
+        self._listener = None
+        self._lanes_in: dict = {}  # server: connection -> identity (None before its hello)
+        self._lanes_out: dict = {}  # client: name -> connection
+        self._lane_send: dict = {}  # identity (server) or name (client) -> connection
+        self._lanes_closed: list = []  # closed by the hub thread when it re-registers
         self.address = ""
         self._router = None
         if bind:
@@ -102,6 +111,8 @@ class Hub:
             self.address = _bind_random(self._router, hosts)
             if self._key is not None:
                 self._server_auth = auth.ServerSessions(self._key, self.address)
+            if self._lane_on:
+                self._listener = lane.listen(self.address)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pdc-hub", daemon=True)
         self._thread.start()
@@ -150,10 +161,18 @@ class Hub:
         s = self.ctx.socket(zmq.DEALER)
         self._configure(s)
         # A routing id of our own: the peer keeps knowing us across a TCP reconnect.
-        s.setsockopt(zmq.ROUTING_ID, uuid.uuid4().bytes)
+        routing_id = uuid.uuid4().bytes
+        s.setsockopt(zmq.ROUTING_ID, routing_id)
         enable_ipv6(s, address)
         s.connect(address)
         self._dealers[name] = s
+        old_lane = self._lanes_out.pop(name, None)
+        self._lane_send.pop(name, None)
+        if old_lane is not None:
+            self._lanes_closed.append(old_lane)
+        conn = lane.dial(address, routing_id) if self._lane_on else None
+        if conn is not None:  # Note [Same-host lane]
+            self._lanes_out[name] = self._lane_send[name] = conn
         self._changed = True
         self._peer_addr[name] = address
         self._told.discard(name)
@@ -178,6 +197,15 @@ class Hub:
 
     def _deliver(self, key: bytes, payload: bytes) -> None:
         """Seal and send one message (caller holds `_io`)."""
+        if self._lane_send:
+            name = key if self._router is not None else key.decode(errors="replace")
+            conn = self._lane_send.get(name)
+            if conn is not None:
+                sent = lane.send(conn, payload)
+                if sent is not None:
+                    self.dropped += not sent
+                    return
+                del self._lane_send[name]  # from now on ZeroMQ (Note [Same-host lane])
         if self._router is not None:
             if self._server_auth is not None:
                 sealed = self._server_auth.seal(key, payload)
@@ -264,7 +292,7 @@ class Hub:
         """Everything waiting on the sockets, at most `limit` frames per socket (caller holds
         `_io`): the calls to make outside the lock, and whether a socket still holds more."""
         out: list = []
-        more = False
+        more = self._read_lanes(limit, out)  # first: Note [Same-host lane]
         if self._router is not None:
             for _ in range(limit):
                 if not _events(self._router) & zmq.POLLIN:
@@ -290,9 +318,46 @@ class Hub:
                 more = True
         return out, more
 
+    def _read_lanes(self, limit: int, out: list) -> bool:
+        """Note [Same-host lane]: new connections at the listener, then every lane's frames
+        (caller holds `_io`); whether a lane still holds more."""
+        more = False
+        if self._listener is not None:
+            for conn in lane.accept(self._listener):
+                self._lanes_in[conn] = None
+                self._changed = True
+        lanes = [(conn, True) for conn in self._lanes_in] + \
+            [(conn, False) for conn in self._lanes_out.values()]
+        names = {conn: name for name, conn in self._lanes_out.items()}
+        for conn, server in lanes:
+            frames, full, closed = lane.read(conn, limit)
+            more |= full
+            for frame in frames:
+                if not server:
+                    out.append((self.handler, names[conn], frame))
+                elif self._lanes_in[conn] is not None:
+                    out.append((self.handler, self._lanes_in[conn], frame))
+                elif frame.startswith(lane.HELLO):  # a lane's first frame names its DEALER
+                    identity = frame[len(lane.HELLO):]
+                    self._lanes_in[conn] = identity
+                    self._lane_send[identity] = conn
+                else:
+                    closed = True  # not a lane of a pdc hub
+                    break
+            if closed:
+                self._close_lane(conn)
+        return more
+
+    def _close_lane(self, conn) -> None:
+        for lanes in (self._lanes_in, self._lanes_out, self._lane_send):
+            for k in [k for k, v in lanes.items() if v is conn or k is conn]:
+                del lanes[k]
+        self._lanes_closed.append(conn)
+        self._changed = True
+
     def _register(self) -> select.poll:
         """A poll set of the current sockets' descriptors and the wake pipe (caller holds
-        `_io`); replaced dealers are closed here, once no poll watches them."""
+        `_io`); replaced dealers and closed lanes are closed here, once no poll watches them."""
         poller = select.poll()
         poller.register(self._wake_r, select.POLLIN)
         socks = list(self._dealers.values())
@@ -300,9 +365,15 @@ class Hub:
             socks.append(self._router)
         for s in socks:
             poller.register(_fd(s), select.POLLIN)
+        for conn in [*self._lanes_in, *self._lanes_out.values(),
+                     *([self._listener] if self._listener is not None else [])]:
+            poller.register(conn.fileno(), select.POLLIN)
         for s in self._retired:
             s.close(0)
         self._retired.clear()
+        for conn in self._lanes_closed:
+            conn.close()
+        self._lanes_closed.clear()
         self._changed = False
         return poller
 
@@ -333,6 +404,9 @@ class Hub:
                 s.close(0)
             if self._router is not None:
                 self._router.close(0)
+            for conn in [*self._lanes_in, *self._lanes_out.values(), *self._lanes_closed,
+                         *([self._listener] if self._listener is not None else [])]:
+                conn.close()
         os.close(self._wake_r)
 
     def _guard(self, fn, *args) -> None:
