@@ -102,6 +102,7 @@ class Hub:
         self._lanes_out: dict = {}  # client: name -> connection
         self._lane_send: dict = {}  # identity (server) or name (client) -> connection
         self._lanes_closed: list = []  # closed by the hub thread when it re-registers
+        self._lane_buf: bytearray | None = None  # the hub thread's, once a lane opens
         self.address = ""
         self._router = None
         if bind:
@@ -329,8 +330,10 @@ class Hub:
         lanes = [(conn, True) for conn in self._lanes_in] + \
             [(conn, False) for conn in self._lanes_out.values()]
         names = {conn: name for name, conn in self._lanes_out.items()}
+        if lanes and self._lane_buf is None:
+            self._lane_buf = lane.buffer()
         for conn, server in lanes:
-            frames, full, closed = lane.read(conn, limit)
+            frames, full, closed = lane.read(conn, limit, cast(bytearray, self._lane_buf))
             more |= full
             for frame in frames:
                 if not server:

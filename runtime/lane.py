@@ -71,19 +71,28 @@ def send(sock: socket.socket, payload: bytes) -> bool | None:
         return None
 
 
-def read(sock: socket.socket, limit: int) -> tuple[list[bytes], bool, bool]:
-    """Up to `limit` frames waiting on `sock`: (frames, more waiting, closed)."""
+def buffer() -> bytearray:
+    """A reader's buffer: as large as the largest frame a lane can carry (its send buffer's
+    size, at most _BUF_BYTES), so one `recv_into` takes any frame whole."""
+    return bytearray(_BUF_BYTES)
+
+
+def read(sock: socket.socket, limit: int, buf: bytearray) -> tuple[list[bytes], bool, bool]:
+    """Up to `limit` frames waiting on `sock`, each read into `buf` and copied out at its own
+    length (a recv of the largest size would allocate that much per call): (frames, more
+    waiting, closed). A frame larger than `buf` closes the lane."""
     frames: list[bytes] = []
+    view = memoryview(buf)
     for _ in range(limit):
         try:
-            frame = sock.recv(1 << 22)
+            n = sock.recv_into(view, len(buf), socket.MSG_TRUNC)
         except BlockingIOError:
             return frames, False, False
         except OSError:
             return frames, False, True
-        if not frame:
+        if n == 0 or n > len(buf):  # the peer closed, or a frame cut short
             return frames, False, True
-        frames.append(frame)
+        frames.append(bytes(view[:n]))
     return frames, True, False
 
 
