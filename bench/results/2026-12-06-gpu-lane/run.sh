@@ -2,7 +2,8 @@
 # One device call (issue 29 item 4): Note [Same-host lane]. (a) bench/control_hop.py on the GPU
 # host (a control message's round trip by transport); (b) bench/endpoints_processes.py over
 # cuda_ipc, direct 1K and 8K, 50 requests a case, this tree with the lane off and on
-# (PDC_CONTROL_LANE=0/1) alternating; (c) the hub's tests over the lane. Carried: .whl.
+# (PDC_CONTROL_LANE=0/1) alternating, each run's rows printed as it ends; (c) the hub's tests
+# over the lane. Carried: .whl.
 # From the repository root:
 #   BUDGET=400 bash bench/results/2026-12-06-gpu-lane/run.sh
 set -u
@@ -23,6 +24,8 @@ for round in 1 2 3; do
     PDC_CONTROL_LANE=$E timeout $s python3 bench/endpoints_processes.py --engines cuda_ipc --pairs $PAIRS \
       --reps 50 --json $W/$t-$round.json > $W/$t-$round.log 2>&1
     echo "$t-$round exit $? left $(left)s"
+    # each run's rows printed at once: the fetch brings back only the first few files
+    python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(sys.argv[2], r['case'][9:], 'fixed %.2f ms %.2f i2s %.2f d2s %.2f' % (r['fixed_ms'], r['ms'], r['init_to_submit_ms'], r['done_to_success_ms'])) for r in d['rows'] if 'ms' in r]" $W/$t-$round.json $t-$round 2>/dev/null
   done
 done
 (cd /tmp && timeout 60 python3 -m pytest -q -p no:cacheprovider --import-mode=append --rootdir "$T" \
