@@ -258,11 +258,7 @@ class DescriptorGrid:
 
     def spans(self) -> tuple[int, int, int, int]:
         """(source low offset, source span, destination low offset, destination span) in
-        bytes: every descriptor of row i lies in [row + low, row + low + span). `check_grids`
-        leaves them on the grids it returns, from the sums it checks anyway."""
-        got = self.__dict__.get("_spans")
-        if got is not None:
-            return got
+        bytes: every descriptor of row i lies in [row + low, row + low + span)."""
         s_lo, d_lo = int(self.src_runs.min()), int(self.dst_runs.min())
         return (s_lo, int((self.src_runs + self.run_bytes).max()) - s_lo,
                 d_lo, int((self.dst_runs + self.run_bytes).max()) - d_lo)
@@ -304,10 +300,7 @@ def check_grids(grids: list[DescriptorGrid]) -> list[DescriptorGrid]:
         if int(s_rows.max()) + s_hi >= top or int(d_rows.max()) + d_hi >= top or \
                 bool((s_end < s_runs).any() or (d_end < d_runs).any()):
             raise DescriptorError(f"grid {k}: a descriptor wraps around the 64-bit address space")
-        grid = DescriptorGrid(s_rows, d_rows, s_runs, d_runs, n)
-        s_lo, d_lo = int(s_runs.min()), int(d_runs.min())
-        object.__setattr__(grid, "_spans", (s_lo, s_hi - s_lo, d_lo, d_hi - d_lo))
-        out.append(grid)
+        out.append(DescriptorGrid(s_rows, d_rows, s_runs, d_runs, n))
     if not out:
         raise DescriptorError("empty write request: no descriptors")
     return out
@@ -410,11 +403,9 @@ class RegionTable:
         got = self._rooms.get(key)
         if got is not None and got[0] == version:
             return got[1]
-        items = self.items()
         room = 0
-        if items and rows.size:
-            starts = np.array([a for a, _ in items], dtype=np.uint64)
-            ends = np.array([a + n for a, n in items], dtype=np.uint64)
+        if self._ranges and rows.size:
+            starts, ends = self._bounds()
             slot = np.searchsorted(starts, rows, side="right").astype(np.int64) - 1
             if (slot >= 0).all() and (rows < ends[slot]).all():
                 room = int((ends[slot] - rows).min())
@@ -426,13 +417,19 @@ class RegionTable:
     def items(self) -> list[tuple[int, int]]:
         return sorted(self._ranges.items())
 
+    def _bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """(starts, ends) of the ranges in address order, uint64."""
+        items = self.items()
+        return (np.array([a for a, _ in items], dtype=np.uint64),
+                np.array([a + n for a, n in items], dtype=np.uint64))
+
     def __len__(self) -> int:
         return len(self._ranges)
 
     def starts_of(self, addr: np.ndarray) -> np.ndarray:
         """The start of the range holding each address (uint64; callers checked `outside`
         first, so every address lies in a range)."""
-        starts = np.array([a for a, _ in self.items()], dtype=np.uint64)
+        starts = self._bounds()[0]
         slot = np.searchsorted(starts, addr, side="right").astype(np.int64) - 1
         return starts[np.maximum(slot, 0)]
 
@@ -442,11 +439,9 @@ class RegionTable:
         A descriptor straddling two adjacent registrations counts as outside, as it does for
         the engines themselves, which look up one registration per descriptor.
         """
-        items = self.items()
-        if not items:
+        if not self._ranges:
             return np.arange(addr.size)
-        starts = np.array([a for a, _ in items], dtype=np.uint64)
-        ends = np.array([a + n for a, n in items], dtype=np.uint64)
+        starts, ends = self._bounds()
         if addr.size > 64:
             # Most writes lie inside one registration (a pool arena): three reductions then
             # decide for all, instead of a binary search per descriptor. (Descriptors that

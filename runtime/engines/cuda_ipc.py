@@ -526,10 +526,11 @@ class CudaIpcEngine(LocalDeviceEngine):
     def watch_written(self, event, source: str, callback) -> bool:
         if not self._cuda or self._driver is None or not knobs.get("landed_wakeup"):
             return False
-        with self._ipc_lock:
-            if self._landed is None:
-                self._landed = LandedWatch(self._driver._cu, self._driver.ensure_context,
-                                           self.device.index)
+        if self._landed is None:
+            with self._ipc_lock:
+                if self._landed is None:
+                    self._landed = LandedWatch(self._driver._cu, self._driver.ensure_context,
+                                               self.device.index)
         return self._landed.watch(event, source, callback)
 
     def _check_ranges(self, peer, target, src_u, dst_u, nbytes_u) -> None:
