@@ -7,7 +7,9 @@ and the engine's submit_write. With `TRACE_FINE=1` the cuda_ipc submit's own ste
 peer's liveness, the grid checks, the rows' translation, the queueing, the launch, the written
 event). Each stamp keeps the thread's CPU time beside the wall time, so a step that waits (for
 the GIL, in a system call) shows as wall time above its CPU time. Each process writes its
-stamps to `TRACE_OUT.<pid>.json` at exit; `--show TRACE_OUT` prints, per case, the median
+stamps to `TRACE_OUT.<pid>.json` at exit (with `TRACE_PROFILE=1` also
+`TRACE_OUT.<pid>.prof.txt`: cProfile inside each thread's outermost wrapped step, the wall
+times then inflated by the profiler); `--show TRACE_OUT` prints, per case, the median
 start, end, duration and CPU time of every step relative to decode's init(). The wrappers cost
 about a microsecond per call, so the bench's own table stays comparable. Timings only; nothing
 is asserted.
@@ -21,17 +23,25 @@ from __future__ import annotations
 
 import atexit
 import collections
+import cProfile
 import functools
 import glob
 import importlib
 import json
 import os
+import pstats
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
 STAMPS: list[tuple[str, float, float, float]] = []  # label, start, end, thread CPU s
+# TRACE_PROFILE=1: cProfile inside the outermost wrapped step of each thread, one profiler
+# per thread (a profiler follows only the thread that enabled it), merged at exit
+PROFILE = bool(os.environ.get("TRACE_PROFILE"))
+_LOCAL = threading.local()
+_PROFILERS: list = []
 
 
 def _wrap(owner, name: str, label: str) -> None:
@@ -39,13 +49,30 @@ def _wrap(owner, name: str, label: str) -> None:
 
     @functools.wraps(f)
     def stamped(*a, **k):
+        prof = _outermost() if PROFILE else None
         t, c = time.monotonic(), time.thread_time()
         try:
             return f(*a, **k)
         finally:
             STAMPS.append((label, t, time.monotonic(), time.thread_time() - c))
+            if prof is not None:
+                prof.disable()
+                _LOCAL.depth = 0
 
     setattr(owner, name, stamped)
+
+
+def _outermost():
+    """This thread's profiler, enabled, when no wrapped step of the thread runs already."""
+    if getattr(_LOCAL, "depth", 0):
+        return None
+    prof = getattr(_LOCAL, "prof", None)
+    if prof is None:
+        prof = _LOCAL.prof = cProfile.Profile()
+        _PROFILERS.append(prof)
+    _LOCAL.depth = 1
+    prof.enable()
+    return prof
 
 
 def install() -> None:
@@ -106,6 +133,12 @@ def install() -> None:
         Path(f"{out}.{os.getpid()}.json").write_text(json.dumps(STAMPS))
         if graphs:
             Path(f"{out}.{os.getpid()}.graphs").write_text(json.dumps([g.stats for g in graphs]))
+        if _PROFILERS:
+            with open(f"{out}.{os.getpid()}.prof.txt", "w") as fh:
+                stats = pstats.Stats(_PROFILERS[0], stream=fh)
+                for prof in _PROFILERS[1:]:
+                    stats.add(prof)
+                stats.sort_stats(os.environ.get("TRACE_PROFILE_SORT", "tottime")).print_stats(int(os.environ.get("TRACE_PROFILE_LINES", "40")))
 
     atexit.register(dump)
 

@@ -95,7 +95,7 @@ KNOBS = {k.name: k for k in (
          "peer says hello again)"),
     Knob("max_messages_per_tick", 256, "messages", "control messages the hub reads from one "
          "socket before it runs its timers again (a flood cannot starve them)"),
-    Knob("control_lane", 0, "0/1", "1: hubs on loopback addresses also talk over an abstract "
+    Knob("control_lane", 1, "0/1", "1: hubs on loopback addresses also talk over an abstract "
          "Unix-domain socket named after the listening address, read and written by their "
          "own threads, instead of through ZeroMQ's I/O threads (Note [Same-host lane] in "
          "runtime/lane.py; never with a control key); 0: ZeroMQ only"),

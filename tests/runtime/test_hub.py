@@ -17,12 +17,12 @@ from .failure_tools import fill, send_all, values, wait_for
 SECRET = "correct horse battery staple 0123"
 
 
-@pytest.fixture(params=["secret", "no secret", "lane"])
+@pytest.fixture(params=["secret", "no secret", "zeromq only"])
 def secret(request):
     if request.param == "secret":
         knobs.override(control_secret=SECRET)
-    if request.param == "lane":  # Note [Same-host lane]
-        knobs.override(control_lane=1)
+    if request.param == "zeromq only":  # without Note [Same-host lane], on by default
+        knobs.override(control_lane=0)
     yield request.param
     knobs.reset()
 
