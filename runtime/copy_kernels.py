@@ -337,8 +337,8 @@ def _check_explicit_offsets(
 
 
 def launch_alignment(
-    table: EntryTable, staging: torch.Tensor, staging_offsets: Sequence[int] | None,
-    max_align: int,
+    table: EntryTable, staging: torch.Tensor,
+    staging_offsets: Sequence[int] | np.ndarray | None, max_align: int,
 ) -> int:
     """Bytes that every pointer, offset and length of the launch is a multiple of (<= 16).
 

@@ -346,6 +346,7 @@ class Launches:
         self.kernels = kernels
         self.limit = limit
         self.tables: OrderedDict = OrderedDict()  # key -> (blocks, {component: _Group})
+        self.calls: OrderedDict = OrderedDict()  # shape -> _Call (Note [Staging call shapes])
         self._lock = threading.Lock()
         from .staging_graphs import LaunchGraphs
 
@@ -396,7 +397,7 @@ class Launches:
                      layers, out) -> tuple[np.ndarray, np.ndarray]:
         """Pack a chunk's items (`positions`: chunk_positions) of the link's blocks into the
         gather buffer `out`; returns the (offsets, bytes) of the region it filled."""
-        offs, lens, runs = [], [], []
+        runs, ids_parts = [], []
         groups = self._groups("src", link, blocks, view, layers)
         for comp, g in groups.items():
             if comp not in positions:
@@ -412,60 +413,61 @@ class Launches:
                     raise IndexError_(f"'{comp}' staging item {j0 + n - 1} is outside the "
                                       f"{g.items} items decode asked for")
                 check_capacity(ids, g.capacity, f"prefill '{comp}'")
-                if g.dense_at >= 0 and j0 == 0 and n == g.items:
-                    offs.append(np.array([g.dense_at], np.int64))
-                    lens.append(np.array([n * g.unit_bytes], np.int64))
-                    runs.append((g, ids, g.offsets))  # == dense_at + n * prefix (dense)
-                    continue
-                at_bytes = g.offsets if j0 == 0 else g.offsets + j0 * g.total_bytes
-                offs.append(at_bytes)
-                lens.append(n * g.total_bytes)
-                runs.append((g, ids, at_bytes))
-        self._launch(("src", id(blocks), None if layers is None else tuple(sorted(layers))),
-                     blocks, runs, out, True)
-        if not offs:
+                runs.append((g, j0, n))
+                ids_parts.append(ids)
+        call = self._launch(("src", id(blocks), None if layers is None else tuple(sorted(layers))),
+                            blocks, runs, ids_parts, out, True)
+        if call is None:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        return np.concatenate(offs), np.concatenate(lens)
+        return call.region_offsets, call.region_bytes
 
     def scatter_link(self, link: Link, blocks: tuple[Block, ...], view,
                      ids: dict[str, np.ndarray], region) -> None:
         """Every item of every block from a link's staging region into the pools (`ids`:
         target_ids, decode item ids per component)."""
-        runs = []
+        runs, ids_parts = [], []
         for comp, g in self._groups("dst", link, blocks, view, None).items():
             got = ids[comp]
             check_capacity(got, g.capacity, f"decode '{comp}'")
             if len(got):  # every item: the blocks' own offsets (the dense layout, if dense)
-                runs.append((g, got, g.offsets))
-        self._launch(("dst", id(blocks)), blocks, runs, region, False)
+                runs.append((g, 0, len(got)))
+                ids_parts.append(got)
+        self._launch(("dst", id(blocks)), blocks, runs, ids_parts, region, False)
 
-    def _launch(self, key: tuple, blocks, runs, staging_buf, to_staging: bool) -> None:
-        """One launch per (group, ids, staging offsets in `staging_buf`, bytes) of `runs`, all
-        reading their ids and offsets from one buffer and addressing the staging buffer's base
-        tensor (Note [Staging graphs])."""
+    def _launch(self, key: tuple, blocks, runs, ids_parts, staging_buf,
+                to_staging: bool) -> _Call | None:
+        """One launch per (group, first item, items) of `runs`, each moving its part of
+        `ids_parts`, all reading their ids and offsets from one buffer and addressing the
+        staging buffer's base tensor (Note [Staging graphs]). What the call's shape fixes is
+        kept (Note [Staging call shapes])."""
         if not runs:
-            return
-        from . import copy_kernels as K
-
+            return None
         base = staging_buf if staging_buf._base is None else staging_buf._base
         if base.dim() != 1 or base.dtype != staging_buf.dtype or not base.is_contiguous():
             base = staging_buf
-        rel = staging_buf.data_ptr() - base.data_ptr()
-        shape, ids_parts, offs_parts, offs_bytes = [], [], [], []
-        for g, ids, at in runs:
-            at = np.asarray(at, np.int64) + rel
-            align = K.launch_alignment(g.table, base, at, self._max_align(g.component))
-            shape.append((g.component, len(ids), align))
-            ids_parts.append(np.asarray(ids, np.int64))
-            offs_parts.append(at // min(align, 4))
-            offs_bytes.append(at)
-        values = np.concatenate(ids_parts + offs_parts)
-        total_ids = sum(len(p) for p in ids_parts)
+        base_ptr = base.data_ptr()
+        rel = staging_buf.data_ptr() - base_ptr
+        shape_key = (key, base_ptr, rel, tuple((g.component, j0, n) for g, j0, n in runs))
+        with self._lock:
+            call = self.calls.get(shape_key)
+            if call is not None and call.blocks is blocks:
+                self.calls.move_to_end(shape_key)
+            else:
+                call = None
+        if call is None:
+            call = self._shape(blocks, runs, base, rel, to_staging)
+            with self._lock:
+                self.calls[shape_key] = call
+                while len(self.calls) > self.limit:
+                    self.calls.popitem(last=False)
+        values = np.concatenate([*ids_parts, call.offsets_words])
 
         def build(dev):
-            launches, i, o = [], 0, total_ids
-            for (g, ids, _), at in zip(runs, offs_bytes, strict=True):
-                n, e = len(ids), len(at)
+            from . import copy_kernels as K
+
+            launches, i, o = [], 0, call.total_ids
+            for (g, _, n), at in zip(runs, call.offsets_bytes, strict=True):
+                e = len(at)
                 launch = K.prepare(g.table, dev[i:i + n], base, at.tolist(), check_indices=False,
                                    max_align=self._max_align(g.component),
                                    to_staging=to_staging, offsets_words=dev[o:o + e])
@@ -474,5 +476,47 @@ class Launches:
                     launches.append(launch)
             return launches
 
-        self.graphs.run((*key, base.data_ptr(), base.numel(), tuple(shape)), blocks, values,
+        self.graphs.run((*key, base_ptr, base.numel(), call.graph_shape), blocks, values,
                         base.device, build)
+        return call
+
+    def _shape(self, blocks, runs, base, rel: int, to_staging: bool) -> _Call:
+        from . import copy_kernels as K
+
+        shape, offs_words, offs_bytes, region_offs, region_lens = [], [], [], [], []
+        for g, j0, n in runs:
+            if to_staging and g.dense_at >= 0 and j0 == 0 and n == g.items:
+                region_offs.append(np.array([g.dense_at], np.int64))
+                region_lens.append(np.array([n * g.unit_bytes], np.int64))
+                at = g.offsets  # == dense_at + n * prefix (dense)
+            else:
+                at = g.offsets if j0 == 0 else g.offsets + j0 * g.total_bytes
+                region_offs.append(at)
+                region_lens.append(n * g.total_bytes)
+            at = np.asarray(at, np.int64) + rel
+            align = K.launch_alignment(g.table, base, at, self._max_align(g.component))
+            shape.append((g.component, n, align))
+            offs_words.append(at // min(align, 4))
+            offs_bytes.append(at)
+        return _Call(blocks, tuple(shape), np.concatenate(offs_words), tuple(offs_bytes),
+                     sum(n for _, _, n in runs), np.concatenate(region_offs),
+                     np.concatenate(region_lens))
+
+
+@dataclass(frozen=True)
+class _Call:
+    """Note [Staging call shapes]: what one shape of a gather or scatter call fixes (the link's
+    blocks, the runs of items, the place of the region in the arena): the launches' shape
+    (component, items, word alignment), the staging offsets in words and bytes, and for a
+    gather the region's (offsets, bytes). A call of a kept shape brings only its item ids:
+    its checks (the items' range, the pools' capacity) and one concatenation run per call,
+    the alignment and offsets do not. Kept per `Launches`, the least recently used dropped
+    beyond its `limit`."""
+
+    blocks: tuple
+    graph_shape: tuple  # (component, items, alignment) per launch
+    offsets_words: np.ndarray  # int64: every launch's staging offsets, in its words
+    offsets_bytes: tuple  # int64 [blocks] per launch: staging offsets in bytes
+    total_ids: int
+    region_offsets: np.ndarray  # int64: what a gather returns
+    region_bytes: np.ndarray

@@ -128,3 +128,62 @@ def test_a_chunk_of_two_runs_gathers_each_run_at_its_items(llama):
     tb = [b.segment.total_bytes for b in kv]
     assert offs.tolist() == [b.offset for b in kv] + [b.offset + 2 * b.segment.total_bytes for b in kv]
     assert lens.tolist() == tb + [2 * t for t in tb]
+
+
+def test_a_kept_call_shape_moves_each_calls_own_items_and_keys_the_regions_place(llama):
+    """Note [Staging call shapes]: gathers of one shape (same runs, same place in the arena)
+    share one kept shape yet each moves its own ids; a region elsewhere in the arena or
+    other runs make shapes of their own; a kept shape's region offsets equal a fresh one's.
+    Scatters back give every gathered byte to the decode pools."""
+    layout, plan = llama
+    link = plan.links[0]
+    src = _pools(layout, plan, "prefill", link.prefill)
+    src.arena.random_(0, 256, generator=torch.Generator().manual_seed(7))
+    dst = _pools(layout, plan, "decode", link.decode)
+    blocks, nbytes = staging.link_blocks(link, {"kv": 2, "aux_first_token": 1})
+    arena = torch.zeros(3 * nbytes, dtype=torch.uint8)
+    launches = staging.Launches()
+
+    def reference(ids, j, out):
+        want = torch.zeros_like(out)
+        for b, got, j0, n in staging.chunk_block_ranges(blocks, link, {"kv": (ids, j)}):
+            pool = src.view("kv", link.entries[b.entry].src_pos)
+            at = b.offset + j0 * b.segment.total_bytes
+            staging.gather(pool, got, b.segment, want[at:at + n * b.segment.total_bytes])
+        return want
+
+    whole = np.arange(2)
+    got = []
+    for ids, at in (([3, 1], 0), ([0, 2], 0), ([2, 3], nbytes), ([1, 0], 0)):
+        out = arena[at:at + nbytes]
+        ids = np.array(ids)
+        got.append(launches.gather_chunk(link, blocks, src.view, {"kv": (ids, whole)}, None, out))
+        assert torch.equal(out, reference(ids, whole, out)), (ids, at)
+    assert len(launches.calls) == 2  # one shape per place of the region
+    launches.gather_chunk(link, blocks, src.view, {"kv": (np.array([1]), np.array([1]))}, None,
+                          arena[:nbytes])
+    assert len(launches.calls) == 3  # another run of items
+    fresh = staging.Launches().gather_chunk(link, blocks, src.view,
+                                            {"kv": (np.array([0, 1]), whole)}, None,
+                                            arena[:nbytes])
+    for offs, lens in got:
+        assert (offs.tolist(), lens.tolist()) == (fresh[0].tolist(), fresh[1].tolist())
+    region = arena[:nbytes]
+    launches.gather_chunk(link, blocks, src.view, {"kv": (np.array([2, 0]), whole)}, None, region)
+    for _ in range(2):  # the second scatter takes the kept shape
+        launches.scatter_link(link, blocks, dst.view, {"kv": np.array([1, 3])}, region)
+    for e in (e for e in link.entries if e.component == "kv"):
+        sent = src.view("kv", e.src_pos)[[2, 0]]
+        landed = dst.view("kv", e.dst_pos)[[1, 3]]
+        seg = next(b.segment for b in blocks if b.entry == link.entries.index(e))
+        assert torch.equal(staging_slice(landed, seg, "dst"), staging_slice(sent, seg, "src"))
+
+
+def staging_slice(rows, seg, side):
+    """The bytes of `seg` of each item row (the part of the item a staged link moves)."""
+    parts = []
+    for k in range(seg.repeat):
+        off = (seg.src_offset + k * seg.src_stride) if side == "src" else \
+            (seg.dst_offset + k * seg.dst_stride)
+        parts.append(rows[:, off:off + seg.nbytes])
+    return torch.cat(parts, dim=1)
