@@ -146,6 +146,9 @@ class _WholeGroup:
     local: LocalBuffer  # the first entry's buffers: capacity and stride of the component
     remote: RemoteBuffer | None
     error: str  # the first entry the peer's registration cannot take, or ""
+    # the bases as a grid's rows (uint64 [entries], read-only): made once, not per chunk
+    src_rows: np.ndarray
+    dst_rows: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -185,7 +188,8 @@ class DescriptorTemplate:
             g[0].append(lb.base)
             g[1].append(rb.base if rb is not None else 0)
         groups = tuple(_WholeGroup(c, np.asarray(s, np.int64)[:, None],
-                                   np.asarray(d, np.int64)[:, None], lb, rb, why)
+                                   np.asarray(d, np.int64)[:, None], lb, rb, why,
+                                   _rows(s), _rows(d))
                        for c, (s, d, lb, rb, why) in bases.items())
         return DescriptorTemplate(link, local, remote, whole_only, partial, groups)
 
@@ -212,8 +216,7 @@ class DescriptorTemplate:
                     int(n.max()) > 1:
                 raise IndexError_(f"component '{g.component}' has pitched items but moves a run "
                                   f"of {int(n.max())}; only one item per request may be pitched")
-            out.append(DescriptorGrid(g.src_bases[:, 0].view(np.uint64),
-                                      g.dst_bases[:, 0].view(np.uint64),
+            out.append(DescriptorGrid(g.src_rows, g.dst_rows,
                                       (ss * lb.stride).view(np.uint64),
                                       (ds * rb.stride).view(np.uint64),
                                       (n * lb.item_bytes).view(np.uint64)))
@@ -235,6 +238,12 @@ class DescriptorTemplate:
             empty = np.zeros(0, np.uint64)
             return Descriptors(empty, empty.copy(), empty.copy())
         return Descriptors(np.concatenate(srcs), np.concatenate(dsts), np.concatenate(lens))
+
+
+def _rows(bases: list[int]) -> np.ndarray:
+    rows = np.asarray(bases, np.int64).view(np.uint64)
+    rows.flags.writeable = False
+    return rows
 
 
 def build_descriptors(link: Link, local: dict[str, list[LocalBuffer]],

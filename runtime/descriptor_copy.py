@@ -148,8 +148,9 @@ def launch_grids(grids: list, device: torch.device) -> None:
         return
     n_rows = sum(len(g.src_rows) for g in grids)
     n_runs = _pow2_at_least(max(len(g.run_bytes) for g in grids), 8)
-    align = pow2_alignment(*(a for g in grids for a in (g.src_rows, g.dst_rows, g.src_runs,
-                                                        g.dst_runs, g.run_bytes)))
+    # one reduction over every array of the grids (checked: all uint64), not one per array
+    align = pow2_alignment(np.concatenate([a for g in grids for a in (
+        g.src_rows, g.dst_rows, g.src_runs, g.dst_runs, g.run_bytes)]))
     gpu = device.type == "cuda"
     word, grid, meta, warps = _shape(align, max(int(g.run_bytes.max()) for g in grids),
                                      n_rows * n_runs, gpu, gpu)

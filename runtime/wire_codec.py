@@ -102,6 +102,14 @@ class Reader:
     def i64(self, name: str) -> int:
         return _S_I64.unpack_from(self._buf, self._need(name, 8))[0]
 
+    def fixed(self, prefix: str, st: struct.Struct, fields: tuple) -> tuple:
+        """Note [Scalars at once]: a run of scalar fields ((kind, name) pairs) read by one
+        unpack; a buffer too short for all of them takes the field-by-field reads, whose
+        error names the field that is cut."""
+        if self._end - self._pos >= st.size:
+            return st.unpack_from(self._buf, self._need(prefix, st.size))
+        return tuple(getattr(self, kind)(f"{prefix}.{name}") for kind, name in fields)
+
     def flag(self, name: str) -> bool:
         """A bool byte: exactly 0 or 1 (anything else would be a second spelling)."""
         v = self.u8(name)
@@ -200,6 +208,14 @@ class Writer:
 
     def i64(self, name: str, v: int) -> None:
         self._put(name, "i64", _S_I64.pack(v))
+
+    def fixed(self, prefix: str, st: struct.Struct, fields: tuple, values: tuple) -> None:
+        """Note [Scalars at once]: one pack, or a FieldSpan per field when spans are kept."""
+        if self._spans is None:
+            self._buf += st.pack(*values)
+            return
+        for (kind, name), v in zip(fields, values, strict=True):
+            getattr(self, kind)(f"{prefix}.{name}", v)
 
     def flag(self, name: str, v: bool) -> None:
         self._put(name, "bool", b"\x01" if v else b"\x00")
@@ -303,38 +319,39 @@ def _read_register(r: Reader, components: Sequence[WireComponent]) -> Register:
                     staging_bytes=staging_bytes)
 
 
+# Note [Scalars at once]: the scalars in front of a TransferRequest's and a Status's arrays
+# and texts are one fixed struct each, written and read by one pack on every request's path
+# (field by field, as the other messages, when spans are kept or the buffer is short).
+_REQUEST = (("u64", "room"), ("u32", "generation"), ("u16", "decode_rank.pp"),
+            ("u16", "decode_rank.tp"), ("u32", "chunk_id"), ("u64", "decode_prefix_tokens"),
+            ("i64", "slot"), ("i64", "ring_slot"), ("i64", "aux_row"), ("u64", "staging_addr"),
+            ("u64", "staging_bytes"), ("u32", "staging_slots"))
+_STATUS = (("u64", "room"), ("u32", "generation"), ("u16", "prefill_rank.pp"),
+           ("u16", "prefill_rank.tp"), ("u8", "state"), ("u32", "chunk_id"),
+           ("u64", "page_start"), ("u32", "page_count"), ("u64", "bytes_written"),
+           ("u32", "descriptors"))
+_FORMAT = {"u8": "B", "u16": "H", "u32": "I", "u64": "Q", "i64": "q"}
+_S_REQUEST, _S_STATUS = (struct.Struct("<" + "".join(_FORMAT[k] for k, _ in f))
+                         for f in (_REQUEST, _STATUS))
+
+
 def _write_transfer_request(w: Writer, m: TransferRequest, _c: object) -> None:
-    w.u64("TransferRequest.room", m.room)
-    w.u32("TransferRequest.generation", m.generation)
-    w.u16("TransferRequest.decode_rank.pp", m.decode_rank.pp)
-    w.u16("TransferRequest.decode_rank.tp", m.decode_rank.tp)
-    w.u32("TransferRequest.chunk_id", m.chunk_id)
-    w.u64("TransferRequest.decode_prefix_tokens", m.decode_prefix_tokens)
-    w.i64("TransferRequest.slot", m.slot)
-    w.i64("TransferRequest.ring_slot", m.ring_slot)
-    w.i64("TransferRequest.aux_row", m.aux_row)
-    w.u64("TransferRequest.staging_addr", m.staging_addr)
-    w.u64("TransferRequest.staging_bytes", m.staging_bytes)
-    w.u32("TransferRequest.staging_slots", m.staging_slots)
+    w.fixed("TransferRequest", _S_REQUEST, _REQUEST, (
+        m.room, m.generation, m.decode_rank.pp, m.decode_rank.tp, m.chunk_id,
+        m.decode_prefix_tokens, m.slot, m.ring_slot, m.aux_row, m.staging_addr,
+        m.staging_bytes, m.staging_slots))
     w.i64_array("TransferRequest.dst_page_ids", m.dst_page_ids)
     w.i64_array("TransferRequest.window_page_ids", m.window_page_ids)
     w.i64_array("TransferRequest.layer_slots", m.layer_slots)
 
 
 def _read_transfer_request(r: Reader, _c: object) -> TransferRequest:
+    (room, generation, pp, tp, chunk_id, prefix, slot, ring_slot, aux_row, staging_addr,
+     staging_bytes, staging_slots) = r.fixed("TransferRequest", _S_REQUEST, _REQUEST)
     return TransferRequest(
-        room=r.u64("TransferRequest.room"),
-        generation=r.u32("TransferRequest.generation"),
-        decode_rank=RankId(r.u16("TransferRequest.decode_rank.pp"),
-                           r.u16("TransferRequest.decode_rank.tp")),
-        chunk_id=r.u32("TransferRequest.chunk_id"),
-        decode_prefix_tokens=r.u64("TransferRequest.decode_prefix_tokens"),
-        slot=r.i64("TransferRequest.slot"),
-        ring_slot=r.i64("TransferRequest.ring_slot"),
-        aux_row=r.i64("TransferRequest.aux_row"),
-        staging_addr=r.u64("TransferRequest.staging_addr"),
-        staging_bytes=r.u64("TransferRequest.staging_bytes"),
-        staging_slots=r.u32("TransferRequest.staging_slots"),
+        room=room, generation=generation, decode_rank=RankId(pp, tp), chunk_id=chunk_id,
+        decode_prefix_tokens=prefix, slot=slot, ring_slot=ring_slot, aux_row=aux_row,
+        staging_addr=staging_addr, staging_bytes=staging_bytes, staging_slots=staging_slots,
         dst_page_ids=r.i64_array("TransferRequest.dst_page_ids.count", MAX_PAGE_IDS),
         window_page_ids=r.i64_array("TransferRequest.window_page_ids.count", MAX_PAGE_IDS),
         layer_slots=r.i64_array("TransferRequest.layer_slots.count", MAX_PAGE_IDS),
@@ -342,16 +359,9 @@ def _read_transfer_request(r: Reader, _c: object) -> TransferRequest:
 
 
 def _write_status(w: Writer, m: Status, _c: object) -> None:
-    w.u64("Status.room", m.room)
-    w.u32("Status.generation", m.generation)
-    w.u16("Status.prefill_rank.pp", m.prefill_rank.pp)
-    w.u16("Status.prefill_rank.tp", m.prefill_rank.tp)
-    w.u8("Status.state", m.state)
-    w.u32("Status.chunk_id", m.chunk_id)
-    w.u64("Status.page_start", m.page_start)
-    w.u32("Status.page_count", m.page_count)
-    w.u64("Status.bytes_written", m.bytes_written)
-    w.u32("Status.descriptors", m.descriptors)
+    w.fixed("Status", _S_STATUS, _STATUS, (
+        m.room, m.generation, m.prefill_rank.pp, m.prefill_rank.tp, m.state, m.chunk_id,
+        m.page_start, m.page_count, m.bytes_written, m.descriptors))
     # A presence byte, then the checksum only when present: no don't-care bytes.
     w.flag("Status.has_checksum", m.checksum is not None)
     if m.checksum is not None:
@@ -361,15 +371,9 @@ def _write_status(w: Writer, m: Status, _c: object) -> None:
 
 
 def _read_status(r: Reader, _c: object) -> Status:
-    room = r.u64("Status.room")
-    generation = r.u32("Status.generation")
-    rank = RankId(r.u16("Status.prefill_rank.pp"), r.u16("Status.prefill_rank.tp"))
-    state = r.u8("Status.state")
-    chunk_id = r.u32("Status.chunk_id")
-    page_start = r.u64("Status.page_start")
-    page_count = r.u32("Status.page_count")
-    nbytes = r.u64("Status.bytes_written")
-    descriptors = r.u32("Status.descriptors")
+    (room, generation, pp, tp, state, chunk_id, page_start, page_count, nbytes,
+     descriptors) = r.fixed("Status", _S_STATUS, _STATUS)
+    rank = RankId(pp, tp)
     checksum = r.u64("Status.checksum") if r.flag("Status.has_checksum") else None
     reason = r.text("Status.reason", MAX_REASON_BYTES)
     event = r.blob("Status.written_event", MAX_EVENT_BYTES)

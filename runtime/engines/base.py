@@ -277,7 +277,12 @@ def check_grids(grids: list[DescriptorGrid]) -> list[DescriptorGrid]:
     for k, g in enumerate(grids):
         arrays = []
         for label in ("src_rows", "dst_rows", "src_runs", "dst_runs", "run_bytes"):
-            arr = np.asarray(getattr(g, label))
+            arr = getattr(g, label)
+            if type(arr) is np.ndarray and arr.dtype == np.uint64 and arr.ndim == 1 and \
+                    arr.flags.c_contiguous:
+                arrays.append(arr)  # as DescriptorTemplate.grids makes them: nothing to convert
+                continue
+            arr = np.asarray(arr)
             if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "ui"):
                 raise DescriptorError(f"grid {k}: {label} must be a 1-D integer array, got "
                                       f"shape {arr.shape} of {arr.dtype}")
@@ -294,12 +299,17 @@ def check_grids(grids: list[DescriptorGrid]) -> list[DescriptorGrid]:
         if not n.all():
             raise DescriptorError(f"grid {k}: run_bytes[{int(np.flatnonzero(n == 0)[0])}] is 0; "
                                   "every run must move at least 1 byte")
-        top = 1 << 64
-        s_end, d_end = s_runs + n, d_runs + n
-        s_hi, d_hi = int(s_end.max()), int(d_end.max())
-        if int(s_rows.max()) + s_hi >= top or int(d_rows.max()) + d_hi >= top or \
-                bool((s_end < s_runs).any() or (d_end < d_runs).any()):
-            raise DescriptorError(f"grid {k}: a descriptor wraps around the 64-bit address space")
+        # Python ints: the largest row + largest offset + largest run bounds every
+        # descriptor's end; only a grid near 2**64 takes the exact check
+        top, n_hi = 1 << 64, int(n.max())
+        if int(s_rows.max()) + int(s_runs.max()) + n_hi >= top or \
+                int(d_rows.max()) + int(d_runs.max()) + n_hi >= top:
+            s_end, d_end = s_runs + n, d_runs + n
+            if int(s_rows.max()) + int(s_end.max()) >= top or \
+                    int(d_rows.max()) + int(d_end.max()) >= top or \
+                    bool((s_end < s_runs).any() or (d_end < d_runs).any()):
+                raise DescriptorError(f"grid {k}: a descriptor wraps around the 64-bit address "
+                                      "space")
         out.append(DescriptorGrid(s_rows, d_rows, s_runs, d_runs, n))
     if not out:
         raise DescriptorError("empty write request: no descriptors")

@@ -25,6 +25,7 @@ GOALS = {
     "endpoints_processes": {"endpoints_vs_engine_target", "fixed_ms_target", "fixed_ms"},
     "staging_host": set(),
     "control_hop": set(),
+    "request_steps": set(),
 }
 ROW_KEYS = {
     "kernels": {"case", "ms", "gbps", "copy_gbps", "ratio_to_copy"},
@@ -38,6 +39,7 @@ ROW_KEYS = {
                             "ratio_to_engine", "fixed_ms", "init_to_submit_ms"},
     "staging_host": {"graphs", "gather host", "scatter host", "captured", "replayed"},
     "control_hop": {"transport", "rtt_p50_us", "rtt_p90_us", "reps"},
+    "request_steps": {"step", "us"},
 }
 
 

@@ -8,6 +8,7 @@ of hanging the run.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import multiprocessing as mp
 import os
@@ -32,7 +33,7 @@ from pdc.runtime.engines import (
     TransferError,
     make_engine,
 )
-from pdc.runtime.engines.base import RegionTable, as_descriptors
+from pdc.runtime.engines.base import DescriptorGrid, RegionTable, as_descriptors, check_grids
 
 pytestmark = pytest.mark.engines
 
@@ -422,3 +423,35 @@ def test_package_import_loads_no_engine_library():
     assert result.stdout.split("\n")[:2] == ["['cuda_ipc', 'local', 'mooncake', 'nixl']", "[]"]
     with pytest.raises(ValueError, match="known engines: cuda_ipc, local, mooncake, nixl"):
         make_engine("carrier-pigeon")
+
+
+def test_grid_checks_name_the_grid_and_the_problem():
+    """check_grids, the entry of a grid submit: a grid near the top of the address space
+    passes while no descriptor wraps; one that wraps, a 0-byte run, a negative or ragged
+    array are refused by name; grids as the descriptor template makes them (uint64) are
+    kept as they are, others converted."""
+    u = functools.partial(np.array, dtype=np.uint64)
+    top = 2**64
+    near = DescriptorGrid(u([top - 0x3000]), u([0x1000]), u([0, 0x1000]), u([0, 0x1000]),
+                          u([0x1000, 0x1000]))
+    kept = check_grids([near])[0]
+    assert kept.src_rows is near.src_rows and kept.run_bytes is near.run_bytes
+    converted = check_grids([DescriptorGrid(np.array([0x1000]), np.array([0x2000]),
+                                            np.array([0]), np.array([8]), np.array([8]))])[0]
+    assert converted.src_rows.dtype == np.uint64 and converted.dst_runs.tolist() == [8]
+    cases = [
+        (DescriptorGrid(u([top - 0x1000]), u([0]), u([0x800]), u([0]), u([0x800])),
+         "grid 0: a descriptor wraps around the 64-bit address space"),
+        (DescriptorGrid(u([0]), u([top - 0x100]), u([0]), u([0x80]), u([0x80])),
+         "grid 0: a descriptor wraps around the 64-bit address space"),
+        (DescriptorGrid(u([0]), u([0]), u([0, 8]), u([0, 8]), u([8, 0])),
+         "grid 0: run_bytes[1] is 0; every run must move at least 1 byte"),
+        (DescriptorGrid(np.array([-1]), u([0]), u([0]), u([0]), u([8])),
+         "grid 0: src_rows has a negative entry (-1)"),
+        (DescriptorGrid(u([0]), u([0]), u([0, 8]), u([0]), u([8])),
+         "grid 0: rows (1, 1) or runs (2, 1, 1) differ in length"),
+    ]
+    for grid, why in cases:
+        with pytest.raises(DescriptorError) as e:
+            check_grids([grid])
+        assert str(e.value) == why

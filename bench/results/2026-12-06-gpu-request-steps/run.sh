@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# One device call (issue 29 item 4): the direct path's per-request Python cut (the grids'
+# rows made once per template, one alignment reduction per launch, the grid checks' bound
+# first, a TransferRequest's and a Status's scalars by one pack), before / after in one run.
+# (a) bench/request_steps.py on this host's CPU over both trees, alternating twice; (b) the
+# cuda_ipc engine's and the pinned graphs' GPU tests; (c) bench/endpoints_processes.py over
+# cuda_ipc, direct 1K and 8K, 50 requests a case, before / after alternating three times, each
+# run's rows printed as it ends. Everything also lands in $OUT/results.tgz. Carried: .whl,
+# build/gpurun/before (git archive of the tree before the change). From the repository root:
+#   BUDGET=420 bash bench/results/2026-12-06-gpu-request-steps/run.sh
+set -u
+export PYTHONUNBUFFERED=1
+T0=$(date +%s); BUDGET=${BUDGET:-420}
+left() { echo $((BUDGET - ($(date +%s) - T0))); }
+W=/tmp/w; mkdir -p $W
+pack() { echo "$1 exit $2 $(date -u +%T) left $(left)s" >> $W/steps.txt
+  tar czf "$OUT/results.tgz" -C $W . ; }
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+T=$PWD
+shim() { d=$(mktemp -d); mkdir -p "$d/pdc"; cp -r "$1"/pdc/. "$d/pdc/"
+  for s in runtime compiler generated integrations; do ln -sfn "$1/$s" "$d/pdc/$s"; done; echo "$d"; }
+AFTER=$(shim "$T"); BEFORE=$(shim "$T/build/gpurun/before")
+{ date -u; nvidia-smi --query-gpu=name,driver_version --format=csv; nproc; uptime
+  python3 -c "import sys, torch, triton, numpy; print(sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__)"; } > $W/env.txt 2>&1
+cat $W/env.txt
+# (a)
+for round in 1 2; do
+  for tree in before after; do
+    if [ $tree = before ]; then P=$BEFORE; else P=$AFTER; fi
+    PYTHONPATH="$P:/tmp/site" timeout 60 python3 bench/request_steps.py --tokens 8192 \
+      --json $W/steps-$tree-$round.json > $W/steps-$tree-$round.txt 2>&1
+    pack "steps-$tree-$round" $?
+  done
+done
+python3 - $W <<'PY'
+import json, sys
+runs = [(f"{t}-{r}", json.load(open(f"{sys.argv[1]}/steps-{t}-{r}.json"))) for r in (1, 2) for t in ("before", "after")]
+print(f"{'step':26}" + "".join(f"{n:>10}" for n, _ in runs))
+for i, row in enumerate(runs[0][1]["rows"]):
+    print(f"{row['step']:26}" + "".join(f"{d['rows'][i]['us']:10.1f}" for _, d in runs))
+print("checks", [d["all_checks_passed"] for _, d in runs])
+PY
+# (b)
+(cd /tmp && PYTHONPATH="$AFTER:/tmp/site" timeout 100 python3 -m pytest -q -rA --tb=short -p no:cacheprovider \
+  --import-mode=append --rootdir "$T" -m gpu --timeout 90 $T/tests/runtime/engines/test_cuda_ipc.py \
+  $T/tests/runtime/test_pinned_graph.py $T/tests/runtime/test_descriptor_copy.py) > $W/gpu_tests.txt 2>&1
+pack gpu_tests $?; grep -E "^(PASSED|FAILED|ERROR)|passed|failed" $W/gpu_tests.txt | sed "s#$T/##" | tail -14
+# (c)
+for round in 1 2 3; do
+  for tree in before after; do
+    if [ $tree = before ]; then P=$BEFORE; else P=$AFTER; fi
+    t=$(($(left) - 10)); [ $t -gt 70 ] && t=70; [ $t -lt 30 ] && { echo "$tree-$round skipped"; continue; }
+    PYTHONPATH="$P:/tmp/site" timeout $t python3 bench/endpoints_processes.py --engines cuda_ipc \
+      --pairs tp1-tp1-direct:1024,tp1-tp1-direct:8192 --reps 50 --json $W/$tree-$round.json > $W/$tree-$round.log 2>&1
+    pack "$tree-$round" $?
+    python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(sys.argv[2], r['case'][9:], 'ms %.2f p99 %.2f engine %.2f fixed %.2f i2s %.2f d2s %.2f submit_us %.0f' % (r['ms'], r['p99_ms'], r['engine_only_ms'], r['fixed_ms'], r['init_to_submit_ms'], r['done_to_success_ms'], r['engine_submit_host_us'] or 0), 'checks', d['all_checks_passed']) for r in d['rows'] if 'ms' in r]" $W/$tree-$round.json $tree-$round 2>/dev/null
+  done
+done
+cat $W/steps.txt
