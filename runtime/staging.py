@@ -498,9 +498,11 @@ class Launches:
             shape.append((g.component, n, align))
             offs_words.append(at // min(align, 4))
             offs_bytes.append(at)
-        return _Call(blocks, tuple(shape), np.concatenate(offs_words), tuple(offs_bytes),
-                     sum(n for _, _, n in runs), np.concatenate(region_offs),
-                     np.concatenate(region_lens))
+        kept = [np.concatenate(p) for p in (offs_words, region_offs, region_lens)]
+        for arr in kept:
+            arr.flags.writeable = False  # shared by every call of the shape
+        return _Call(blocks, tuple(shape), kept[0], tuple(offs_bytes),
+                     sum(n for _, _, n in runs), kept[1], kept[2])
 
 
 @dataclass(frozen=True)
