@@ -141,14 +141,12 @@ class _WholeGroup:
     """The whole-item entries of one component on a link: base addresses on both sides."""
 
     component: str
-    src_bases: np.ndarray  # int64 [entries, 1]
-    dst_bases: np.ndarray
-    local: LocalBuffer  # the first entry's buffers: capacity and stride of the component
-    remote: RemoteBuffer | None
-    error: str  # the first entry the peer's registration cannot take, or ""
     # the bases as a grid's rows (uint64 [entries], read-only): made once, not per chunk
     src_rows: np.ndarray
     dst_rows: np.ndarray
+    local: LocalBuffer  # the first entry's buffers: capacity and stride of the component
+    remote: RemoteBuffer | None
+    error: str  # the first entry the peer's registration cannot take, or ""
 
 
 @dataclass(frozen=True)
@@ -187,9 +185,7 @@ class DescriptorTemplate:
                 g = bases[e.component] = (g[0], g[1], g[2], g[3], why)
             g[0].append(lb.base)
             g[1].append(rb.base if rb is not None else 0)
-        groups = tuple(_WholeGroup(c, np.asarray(s, np.int64)[:, None],
-                                   np.asarray(d, np.int64)[:, None], lb, rb, why,
-                                   _rows(s), _rows(d))
+        groups = tuple(_WholeGroup(c, _rows(s), _rows(d), lb, rb, why)
                        for c, (s, d, lb, rb, why) in bases.items())
         return DescriptorTemplate(link, local, remote, whole_only, partial, groups)
 
