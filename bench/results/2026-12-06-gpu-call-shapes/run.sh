@@ -9,21 +9,8 @@
 # step's rows are printed as it ends. Carried: .whl, build/gpurun/before (git archive of the
 # tree before the change). From the repository root:
 #   BUDGET=420 bash bench/results/2026-12-06-gpu-call-shapes/run.sh
-set -u
-export PYTHONUNBUFFERED=1
-T0=$(date +%s); BUDGET=${BUDGET:-420}
-left() { echo $((BUDGET - ($(date +%s) - T0))); }
-W=/tmp/w; mkdir -p $W
-pack() { echo "$1 exit $2 $(date -u +%T) left $(left)s" | tee -a $W/steps.txt
-  tar czf "$OUT/results.tgz" -C $W . ; }
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-T=$PWD
-shim() { d=$(mktemp -d); mkdir -p "$d/pdc"; cp -r "$1"/pdc/. "$d/pdc/"
-  for s in runtime compiler generated integrations; do ln -sfn "$1/$s" "$d/pdc/$s"; done; echo "$d"; }
-AFTER=$(shim "$T"); BEFORE=$(shim "$T/build/gpurun/before")
-{ date -u; nvidia-smi --query-gpu=name,driver_version --format=csv; nproc; uptime
-  python3 -c "import sys, torch, triton, numpy; print(sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__)"; } > $W/env.txt 2>&1
-cat $W/env.txt
+BUDGET=${BUDGET:-420}
+source "$(dirname "${BASH_SOURCE[0]}")/../gpu_call.sh"
 # (a)
 for round in 1 2; do
   for tree in before after; do

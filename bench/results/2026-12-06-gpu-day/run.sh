@@ -6,20 +6,8 @@
 # rows printed as it ends. Everything also lands in $OUT/results.tgz. Carried: .whl,
 # build/gpurun/before (git archive of 6dbab44). From the repository root:
 #   BUDGET=230 bash bench/results/2026-12-06-gpu-day/run.sh
-set -u
-export PYTHONUNBUFFERED=1
-T0=$(date +%s); BUDGET=${BUDGET:-230}
-left() { echo $((BUDGET - ($(date +%s) - T0))); }
-W=/tmp/w; mkdir -p $W
-pack() { echo "$1 exit $2 $(date -u +%T) left $(left)s" >> $W/steps.txt
-  tar czf "$OUT/results.tgz" -C $W . ; }
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-T=$PWD
-shim() { d=$(mktemp -d); mkdir -p "$d/pdc"; cp -r "$1"/pdc/. "$d/pdc/"
-  for s in runtime compiler generated integrations; do ln -sfn "$1/$s" "$d/pdc/$s"; done; echo "$d"; }
-AFTER=$(shim "$T"); BEFORE=$(shim "$T/build/gpurun/before")
-{ date -u; nvidia-smi --query-gpu=name,driver_version --format=csv; nproc; uptime; } > $W/env.txt 2>&1
-cat $W/env.txt
+BUDGET=${BUDGET:-230}
+source "$(dirname "${BASH_SOURCE[0]}")/../gpu_call.sh"
 for tree in before after; do
   if [ $tree = before ]; then P=$BEFORE; else P=$AFTER; fi
   PYTHONPATH="$P:/tmp/site" timeout 40 python3 bench/staging_host.py --tokens 8192 --reps 20 \

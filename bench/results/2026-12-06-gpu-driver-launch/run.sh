@@ -7,20 +7,10 @@
 # alternating, each run's rows printed as it ends. Everything also lands in $OUT/results.tgz.
 # Carried: .whl. From the repository root:
 #   BUDGET=400 bash bench/results/2026-12-06-gpu-driver-launch/run.sh
-set -u
-export PYTHONUNBUFFERED=1
-T0=$(date +%s); BUDGET=${BUDGET:-400}
-left() { echo $((BUDGET - ($(date +%s) - T0))); }
-W=/tmp/w; mkdir -p $W
-pack() { echo "$1 exit $2 $(date -u +%T) left $(left)s" >> $W/steps.txt
-  tar czf "$OUT/results.tgz" -C $W . ; }
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-T=$PWD; A=$(mktemp -d); mkdir -p "$A/pdc"; cp -r pdc/. "$A/pdc/"
-for s in runtime compiler generated integrations; do ln -sfn "$T/$s" "$A/pdc/$s"; done
-export PYTHONPATH="$A:/tmp/site"
-{ date -u; nvidia-smi --query-gpu=name,driver_version --format=csv; nproc; uptime
-  python3 -c "import sys, torch, triton, numpy; print(sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__, 'raw exec', hasattr(torch.cuda.CUDAGraph, 'raw_cuda_graph_exec'))"; } > $W/env.txt 2>&1
-cat $W/env.txt
+BUDGET=${BUDGET:-400}
+source "$(dirname "${BASH_SOURCE[0]}")/../gpu_call.sh"
+export PYTHONPATH="$AFTER:/tmp/site"
+python3 -c "import torch; print('raw exec', hasattr(torch.cuda.CUDAGraph, 'raw_cuda_graph_exec'))" | tee -a $W/env.txt
 # (a)
 (cd /tmp && timeout 110 python3 -m pytest -q -rA --tb=short -p no:cacheprovider --import-mode=append \
   --rootdir "$T" -m gpu --timeout 90 $T/tests/runtime/test_pinned_graph.py \
