@@ -35,12 +35,16 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--arena", type=int, default=16 << 20, help="small arena, bytes")
     ap.add_argument("--slots", type=int, default=4)
-    ap.add_argument("--slot-bytes", type=int, default=4 << 20)
+    ap.add_argument("--slot-bytes", default=str(4 << 20),
+                    help="most bytes of a ring slot; a comma list runs one ring mode each")
+    ap.add_argument("--no-direct", action="store_true",
+                    help="skip the direct fallback (at 8K tokens on one GPU it takes minutes)")
     ap.add_argument("--cuda", action="store_true",
                     help="pools on cuda:0 / cuda:1 (both on cuda:0 with one GPU)")
     args = ap.parse_args()
     if args.small:
-        args.tokens, args.reps, args.arena, args.slot_bytes = 64, 1, 2 << 20, 1 << 20
+        args.tokens, args.reps, args.arena, args.slot_bytes = 64, 1, 2 << 20, str(1 << 20)
+    slot_sizes = [int(x) for x in args.slot_bytes.split(",")]
     devices = ("cpu", "cpu")
     if args.cuda:
         if not torch.cuda.is_available():
@@ -51,16 +55,19 @@ def main() -> int:
     layout, plan = C.llama_plan(2, 1)
     region = 1344 * 1024 * 1024 * args.tokens // 8192  # one link's whole region (BENCHMARKS (g))
     big = max(512 << 20, 2 * region)
-    ring = {"staging_arena_bytes": args.arena, "staging_ring_slots": args.slots,
-            "staging_ring_slot_bytes": args.slot_bytes}
-    modes = [("big arena (whole region)", {"staging_arena_bytes": big}, "staged"),
-             ("small arena, ring", ring, "staged"),
-             ("small arena, direct fallback", {**ring, "staging_ring_slots": 0}, "direct")]
+    rings = [(f"small arena, ring of {b / 2**20:g} MiB slots" if len(slot_sizes) > 1
+              else "small arena, ring",
+              {"staging_arena_bytes": args.arena, "staging_ring_slots": args.slots,
+               "staging_ring_slot_bytes": b}, "staged") for b in slot_sizes]
+    modes = [("big arena (whole region)", {"staging_arena_bytes": big}, "staged"), *rings]
+    if not args.no_direct:
+        modes.append(("small arena, direct fallback", {**rings[0][1], "staging_ring_slots": 0},
+                      "direct"))
     rows: list[dict] = []
     checks: dict[str, bool] = {}
     notes = [f"one link's whole staging region: ~{region / 2**20:.0f} MiB; small arena "
-             f"{args.arena / 2**20:.0f} MiB; ring {args.slots} x {args.slot_bytes / 2**20:.0f} "
-             "MiB slots"]
+             f"{args.arena / 2**20:.0f} MiB; ring {args.slots} slots of at most "
+             f"{', '.join(f'{b / 2**20:g}' for b in slot_sizes)} MiB"]
     for name, knob_values, path in modes:
         C.guarded(rows, notes, checks, name, lambda name=name, kv=knob_values: run_mode(
             args, name, kv, layout, plan, devices, rows, checks))
@@ -78,10 +85,16 @@ def main() -> int:
         notes.append("--small: 64 tokens; timings are meaningless")
     by = {r["case"]: r for r in rows if "ms" in r}
     goals = {}
-    if len(by) == 3:
-        ring_ms, direct_ms, big_ms = (by[n]["ms"] for n, _, _ in
-                                      (modes[1], modes[2], modes[0]))
-        goals = {"ring_over_big_arena": ring_ms / big_ms, "direct_over_ring": direct_ms / ring_ms}
+    big_ms = by.get(modes[0][0], {}).get("ms")
+    for name, kv, _ in rings:
+        ring_ms = by.get(name, {}).get("ms")
+        if big_ms and ring_ms:
+            mib = kv["staging_ring_slot_bytes"] / 2**20
+            suffix = "" if len(rings) == 1 else f"_{mib:g}mib"
+            goals[f"ring_over_big_arena{suffix}"] = ring_ms / big_ms
+            direct_ms = by.get("small arena, direct fallback", {}).get("ms")
+            if direct_ms:
+                goals[f"direct_over_ring{suffix}"] = direct_ms / ring_ms
     return C.finish("arena_ring", args, rows, checks, goals, notes)
 
 

@@ -126,7 +126,8 @@ def run_pair(python: str, model: str, workdir: str, backend: str, engine: str,
                           decode_tp=tp, prefill_env=env, decode_env=env)
     _waiting(f"{label}/{engine}: the pair and the router answered after "
              f"{time.monotonic() - t_start:.0f} s")
-    router = pair.first_token_router() if label.startswith(FIRST_TOKEN) else None
+    # a process of its own, as SGLang's router is: not the client's interpreter lock
+    router = pair.first_token_router(process=True) if label.startswith(FIRST_TOKEN) else None
     try:
         H.run_prompts((router or pair.router).url, list(warmup), new_tokens, 1)
         before = H.metrics(pair.prefill.url)

@@ -548,16 +548,20 @@ class PDPair:
         for s in (self.router, self.decode, self.prefill):
             s.stop()
 
-    def first_token_router(self):
+    def first_token_router(self, process: bool = False):
         """pdc's router for this pair, started (Note [SGLang first token from prefill]): the
-        client's first token comes from prefill. Stop it before the pair."""
+        client's first token comes from prefill. `process`: as a process of its own, as
+        SGLang's router runs, logging beside the servers. Stop it before the pair."""
         from urllib.parse import urlsplit
 
-        from .sglang_router import FirstTokenRouter, Prefill
+        from .sglang_router import FirstTokenRouter, Prefill, RouterProcess
 
         host = urlsplit(self.prefill.url).hostname or "127.0.0.1"
-        return FirstTokenRouter([Prefill(self.prefill.url, host, self.bootstrap_port)],
-                                [self.decode.url]).start()
+        prefills, decodes = [Prefill(self.prefill.url, host, self.bootstrap_port)], [self.decode.url]
+        if process:
+            return RouterProcess(prefills, decodes,
+                                 os.path.join(self.log_dir, "pdc-router.log"), host)
+        return FirstTokenRouter(prefills, decodes).start()
 
 
 def start_plain(python: str, model: str, log_dir: str, timeout_s: float = 600.0,

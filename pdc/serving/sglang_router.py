@@ -10,19 +10,33 @@ one the client got (it is prefill's, moved in the metadata row); a difference en
 with an error naming both. A request that does not stream gets decode's answer, as from
 SGLang's router. Prefill's stream is read to its end in the background so that prefill
 finishes the request normally. Counts: `stats` (first tokens from prefill, from decode,
-mismatches, errors).
+mismatches, errors; `GET /stats` answers them).
 
     router = FirstTokenRouter([Prefill(url, "127.0.0.1", bootstrap_port)], [decode_url])
     router.start(); ...; router.stop()
+
+As a process of its own, the way a router is deployed (and the way the demos run it, so that
+the client's threads do not share the router's interpreter lock):
+
+    python -m pdc.serving.sglang_router --prefill URL BOOTSTRAP_HOST BOOTSTRAP_PORT \
+        --decode URL [--host 127.0.0.1] [--port 0]
+
+It prints `listening on http://HOST:PORT` once it answers, and stops on SIGTERM or SIGINT.
 """
 
 from __future__ import annotations
 
+import argparse
 import http.client
 import json
 import queue
 import random
+import select
+import signal
+import subprocess
+import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -208,6 +222,10 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def do_GET(self) -> None:
+        if self.path == "/stats":
+            with self.owner._lock:
+                self._reply(200, dict(self.owner.stats))
+            return
         ok = self.path in ("/health", "/v1/models")
         self._reply(200 if ok else 404, {"ok": ok})
 
@@ -310,3 +328,94 @@ def _drain(prefill: Upstream, body: dict) -> None:
         prefill.fetch(body)
     except (http.client.HTTPException, OSError):
         pass
+
+
+LISTENING = "listening on "  # the first line `main` prints; RouterProcess waits for it
+
+
+class RouterProcess:
+    """`python -m pdc.serving.sglang_router` as a child process: `url`, `stats` (its
+    `/stats`), `stop()`. Its stderr goes to `log_path`."""
+
+    def __init__(self, prefills: list[Prefill], decodes: list[str], log_path: str,
+                 host: str = "127.0.0.1", python: str = sys.executable,
+                 start_timeout_s: float = 60.0):
+        argv = [python, "-m", "pdc.serving.sglang_router", "--host", host, "--port", "0"]
+        for p in prefills:
+            argv += ["--prefill", p.url, p.bootstrap_host, str(p.bootstrap_port)]
+        for d in decodes:
+            argv += ["--decode", d]
+        self.log_path = log_path
+        with open(log_path, "ab") as log:
+            self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log,
+                                         stdin=subprocess.DEVNULL)
+        self.url = self._wait_listening(start_timeout_s)
+
+    def _wait_listening(self, timeout_s: float) -> str:
+        assert self.proc.stdout is not None  # a pipe, above
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self.proc.stdout], [], [], 0.2)
+            if ready:
+                line = self.proc.stdout.readline().decode(errors="replace").strip()
+                if line.startswith(LISTENING):
+                    return line[len(LISTENING):]
+                if not line and self.proc.poll() is not None:
+                    break
+        self.stop()
+        raise RuntimeError(f"pdc's SGLang router did not start (exit {self.proc.returncode}); "
+                           f"its log: {self.log_path}")
+
+    @property
+    def stats(self) -> dict:
+        import urllib.request
+
+        with urllib.request.urlopen(self.url + "/stats", timeout=5) as r:
+            return json.loads(r.read())
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pdc.serving.sglang_router",
+                                 description=__doc__.split("\n")[0])
+    ap.add_argument("--prefill", nargs=3, action="append", required=True,
+                    metavar=("URL", "BOOTSTRAP_HOST", "BOOTSTRAP_PORT"),
+                    help="a prefill server, and where decode reaches its bootstrap server")
+    ap.add_argument("--decode", action="append", required=True, metavar="URL")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=0, help="0: a free port")
+    args = ap.parse_args(argv)
+    prefills = []
+    for url, host, port in args.prefill:
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            ap.error(f"--prefill {url} {host} {port}: the bootstrap port is not a port number")
+        prefills.append(Prefill(url, host, int(port)))
+    try:
+        router = FirstTokenRouter(prefills, args.decode, args.host, args.port)
+    except OSError as e:
+        print(f"pdc sglang router: cannot listen on {args.host}:{args.port}: {e}",
+              file=sys.stderr)
+        return 1
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    router.start()
+    print(LISTENING + router.url, flush=True)
+    while not stop.wait(0.5):  # a timed wait: the signal's handler runs between them
+        pass
+    router.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -238,3 +238,35 @@ def test_the_first_token_leaves_before_the_last_chunk_and_only_once():
     sched.transfer_backend = SimpleNamespace(value="mooncake")
     FT.before_send_kv_chunk(sched, _req(ask), True)
     assert len(streamed) == 2  # another backend's prefill is left alone
+
+
+def test_the_router_as_a_process_of_its_own_serves_and_counts(tmp_path):
+    from pdc.serving.sglang_router import RouterProcess
+
+    p, d = Fake([[7], [7]]), Fake([[7], [7, 8]], delay_s=0.1)
+    log = str(tmp_path / "router.log")
+    router = RouterProcess([Prefill(p.url, "10.1.2.3", 8998)], [d.url], log)
+    try:
+        res = H.generate(router.url, [1, 2, 3], 2)
+        stats = router.stats
+    finally:
+        router.stop()
+        p.close()
+        d.close()
+    assert (res.error, res.tokens) == ("", [7, 8])
+    assert stats == {"first_from_prefill": 1, "first_from_decode": 0, "mismatches": 0,
+                     "errors": 0}
+    assert p.bodies[0]["bootstrap_host"] == "10.1.2.3"
+    assert router.proc.returncode == 0  # SIGTERM ends it cleanly
+
+
+def test_the_router_process_names_a_bad_bootstrap_port(capsys):
+    from pdc.serving.sglang_router import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--prefill", "http://127.0.0.1:1", "127.0.0.1", "x1", "--decode",
+              "http://127.0.0.1:2"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "python -m pdc.serving.sglang_router: error: --prefill http://127.0.0.1:1 127.0.0.1 "
+        "x1: the bootstrap port is not a port number")
