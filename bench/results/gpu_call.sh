@@ -21,3 +21,21 @@ BEFORE=""; [ -d "$T/build/gpurun/before" ] && BEFORE=$(shim "$T/build/gpurun/bef
 { date -u; nvidia-smi --query-gpu=name,driver_version --format=csv; nproc; uptime
   PYTHONPATH="$AFTER:/tmp/site" python3 -c "import sys, torch, triton, numpy; print(sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__)"; } > $W/env.txt 2>&1
 cat $W/env.txt
+# endpoints_ab ROUNDS RESERVE_S MOST_S: bench/endpoints_processes.py over cuda_ipc, direct 1K
+# and 8K, 50 requests a case, the BEFORE and AFTER trees alternating ROUNDS times; a run gets
+# at most MOST_S seconds and is skipped when fewer than RESERVE_S + 30 are left; each run's
+# rows printed as it ends, its JSON and log packed.
+endpoints_ab() {
+  local rounds=$1 reserve=$2 most=$3 round tree P t
+  for round in $(seq 1 "$rounds"); do
+    for tree in before after; do
+      if [ $tree = before ]; then P=$BEFORE; else P=$AFTER; fi
+      t=$(($(left) - reserve)); [ $t -gt "$most" ] && t=$most
+      [ $t -lt 30 ] && { echo "$tree-$round skipped"; continue; }
+      PYTHONPATH="$P:/tmp/site" timeout $t python3 bench/endpoints_processes.py --engines cuda_ipc \
+        --pairs tp1-tp1-direct:1024,tp1-tp1-direct:8192 --reps 50 --json $W/$tree-$round.json > $W/$tree-$round.log 2>&1
+      pack "$tree-$round" $?
+      python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(sys.argv[2], r['case'][9:], 'ms %.2f p99 %.2f engine %.2f fixed %.2f i2s %.2f d2s %.2f submit_us %.0f' % (r['ms'], r['p99_ms'], r['engine_only_ms'], r['fixed_ms'], r['init_to_submit_ms'], r['done_to_success_ms'], r['engine_submit_host_us'] or 0), 'checks', d['all_checks_passed']) for r in d['rows'] if 'ms' in r]" $W/$tree-$round.json $tree-$round 2>/dev/null
+    done
+  done
+}
