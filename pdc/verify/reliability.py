@@ -55,6 +55,9 @@ from pdc.verify.reliability_types import Fault, RelConfig, RelReq, Report, norma
 
 # ~~~ parent ~~~
 
+LOG_TAIL_LINES = 60  # per rank log, kept in a failed run's report
+START_S = 60  # for every rank to start and register, or the bootstrap rank to answer
+
 
 @dataclass
 class _Flight:
@@ -152,8 +155,10 @@ class Harness:
             for k in self.keys[1:]:
                 self._spawn(k, self.bootstrap)
             while len(self.ready) < len(self.keys):
-                self._handle(self._get(60))
+                self._handle(self._get(START_S))
             self._loop(t_start)
+        except queue.Empty:  # a rank did not start; _shutdown names it and keeps its stacks
+            self.report.unexpected.append(f"the ranks were not all up within {START_S} s")
         finally:
             self._shutdown()
             self.report.wall_s = time.monotonic() - t_start
@@ -167,7 +172,7 @@ class Harness:
 
     def _expect(self, kind: str):
         while True:
-            msg = self._get(60)
+            msg = self._get(START_S)
             if msg[0] == kind:
                 return msg
             self._handle(msg)
@@ -195,9 +200,13 @@ class Harness:
             fuzzer = Fuzzer(self)
             fuzzer.start()
         deadline = t_start + cfg.deadline_s
+        self.progress_t = time.monotonic()
         while self.finished < cfg.requests:
             now = time.monotonic()
             if now > deadline:
+                break
+            if now - self.progress_t > cfg.stall_s:
+                self._stalled()
                 break
             while faults and self.finished >= faults[0].at and self._inflight_on(faults[0]):
                 self._inject(faults.pop(0))
@@ -226,6 +235,23 @@ class Harness:
         for fl in self.flights.values():
             self.report.unexpected.append(f"room {fl.req.room} gen {fl.req.generation}: LOST, "
                                           f"waiting for {sorted(fl.waiting)}")
+
+    def _stalled(self) -> None:
+        """Name what the run waits on and have every rank write its stacks into its log."""
+        waits = Counter(k for fl in self.flights.values() for k in fl.waiting)
+        not_up = sorted("{}.dp{}.pp{}.tp{}".format(*k) for k in self.keys if k not in self.ready)
+        self.report.unexpected.append(
+            f"stalled: nothing finished for {self.cfg.stall_s:.0f} s with "
+            f"{self.finished}/{self.cfg.requests} finished; ranks not (back) up: "
+            f"{not_up or 'none'}; "
+            f"down: {sorted('{}.dp{}'.format(*k) for k in self.down) or 'none'}; "
+            "requests waiting on: " + (", ".join(
+                "{}.dp{}.pp{}.tp{} x{}".format(*k, n) for k, n in waits.most_common()) or
+                "none (none issued: no pages or no healthy group)"))
+        for p in self.procs.values():
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGUSR1)
+        time.sleep(0.5)
 
     def _inflight_on(self, f: Fault) -> bool:
         """Faults hit mid-transfer: wait until the rank has a request whose prefill is still
@@ -332,6 +358,7 @@ class Harness:
     def _handle(self, msg) -> None:
         kind = msg[0]
         if kind == "ready":
+            self.progress_t = time.monotonic()
             self.ready.add(msg[1])
             self.returning.discard(msg[1])
             if msg[1][0] == ROLE_PREFILL:
@@ -400,6 +427,7 @@ class Harness:
     def _finish(self, fl: _Flight) -> None:
         del self.flights[(fl.req.room, fl.req.generation)]
         self.finished += 1
+        self.progress_t = time.monotonic()
         r, req = self.report, fl.req
         if fl.hit is not None:
             r.fault_requests += 1
@@ -530,6 +558,13 @@ class Harness:
         if not self.report.unexpected and not self.report.lost and not errors:
             shutil.rmtree(self.log_dir, ignore_errors=True)
             self.report.log_dir = ""
+            return
+        # The logs may not outlive the machine (a CI runner): their ends go into the report.
+        for name in sorted(os.listdir(self.log_dir)):
+            with open(os.path.join(self.log_dir, name), errors="replace") as f:
+                tail = f.readlines()[-LOG_TAIL_LINES:]
+            if tail:
+                self.report.log_tails[name] = "".join(tail)
 
 
 def run(cfg: RelConfig, out=None) -> Report:

@@ -45,6 +45,10 @@ class RelConfig:
     decode_groups: tuple | None = None  # decode DP groups to run (None: all); others idle
     fuzz: bool = False
     deadline_s: float = 600.0  # the whole run; requests unfinished by then are lost
+    # Nothing finished and no rank came (back) up for this long: the run stops there and
+    # reports what it waits on, with every rank's stacks in its log (a hang, not a slow box:
+    # a request takes well under a second even on a loaded 2-core box).
+    stall_s: float = 120.0
     # Break the protocol on purpose, to show the checks catch it: "early_ack" makes prefill
     # ack an abort at once and go on writing; "reuse_quarantined" makes decode reuse pages
     # it was told to quarantine.
@@ -74,6 +78,7 @@ class Report:
     totals: Counter = field(default_factory=Counter)  # endpoint counters summed over ranks
     wall_s: float = 0.0
     log_dir: str = ""
+    log_tails: dict = field(default_factory=dict)  # log file -> its last lines, on a failure
 
     @property
     def max_stall_ms(self) -> int:
