@@ -20,7 +20,18 @@ from pdc.runtime.control import BootstrapServer
 from pdc.runtime.endpoints import REG_ROOM, Faults, KVPoll, PageState
 from pdc.runtime.hub import Hub
 
-from .failure_tools import R0, Family, Gate, Pair, fill, send_all, tight_knobs, values, wait_for
+from .failure_tools import (
+    R0,
+    Family,
+    Gate,
+    ManualEngine,
+    Pair,
+    fill,
+    send_all,
+    tight_knobs,
+    values,
+    wait_for,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -425,6 +436,44 @@ def test_decode_reconnects_to_a_restarted_prefill_rank(fam):
         s, rv = start(p, 101, [2], 2, 9)
         send_all(s, [2], 2)
         wait_for(lambda: rv.poll() == KVPoll.Success, what="Success with the new prefill")
+    finally:
+        p.close()
+        knobs.reset()
+
+
+class RefusingEngine(ManualEngine):
+    """An engine whose first connects fail, as a transfer engine's handshake with a peer
+    that is still starting (or a loaded host's timeout) does."""
+
+    refusals = 1
+
+    def connect(self, agent_info: bytes) -> str:
+        if self.refusals > 0:
+            self.refusals -= 1
+            raise RuntimeError("handshake timed out")
+        return super().connect(agent_info)
+
+
+def test_decode_registers_again_when_a_restarted_prefill_refused_it_once(fam):
+    """The restarted prefill rank answers decode's registration with a refusal (its engine
+    could not reach decode's yet). The refusal must not be final, or the pair would stay
+    unregistered for good, the prefill rank waiting for a decode rank that never comes: an
+    unregistered decode rank hears nothing more from it (no heartbeats), so decode's silence
+    verdict sends the registration again."""
+    tight_knobs()
+    boot = BootstrapServer(1)
+    p = Pair(fam, boot)
+    try:
+        p.pre.close()
+        p.pre = type(p.pre)(fam.layout, fam.wire, fam.plan, R0, 0, RefusingEngine(), p.ppools,
+                            boot.address)
+        wait_for(lambda: p.pre.stats().get("rejected_register") == 1, what="the refusal")
+        wait_for(lambda: p.pre.stats()["peers"] == 1, what="registration after the refusal")
+        assert p.pre.stats()["rejected_register"] == 1
+        s, rv = start(p, 102, [2], 2, 9)
+        send_all(s, [2], 2)
+        wait_for(lambda: rv.poll() == KVPoll.Success, what="Success with the new prefill")
+        assert values(p.dpools, [2], 2) == {9}
     finally:
         p.close()
         knobs.reset()
