@@ -186,6 +186,7 @@ class Harness:
             for g in range(s.dp):
                 self.pools[(side, g)] = _Pool(cfg.pages, cfg.slots, self.rng)
         self.flights: dict = {}  # (room, gen) -> _Flight
+        self.spent: set = set()  # (side, dp group): Note [Spent groups]
         self.orphans: dict = {}  # (room, gen, key) -> (pool key, ids) of ranks that were down
         self.finished = 0
         self.issued = 0
@@ -205,6 +206,10 @@ class Harness:
             now = time.monotonic()
             if now > deadline:
                 break
+            if not self.flights and (
+                    all((ROLE_PREFILL, g) in self.spent for g in range(topo.prefill.dp)) or
+                    all((ROLE_DECODE, g) in self.spent for g in self.dgroups)):
+                break  # Note [Spent groups]
             if now - self.progress_t > cfg.stall_s:
                 self._stalled()
                 break
@@ -255,14 +260,18 @@ class Harness:
 
     def _inflight_on(self, f: Fault) -> bool:
         """Faults hit mid-transfer: wait until the rank has a request whose prefill is still
-        sending chunks (so neither side can have finished it)."""
+        sending chunks (so neither side can have finished it), and is up again after an
+        earlier fault."""
+        if (f.side, f.dp, 0, 0) in self.down or (f.side, f.dp, 0, 0) in self.returning:
+            return False
         now = time.monotonic()
         return any(fl.groups[f.side] == f.dp and fl.req.chunk_gap_s > 0 and
                    now < fl.t_issue + (fl.req.n_chunks - 1) * fl.req.chunk_gap_s
                    for fl in self.flights.values())
 
     def _healthy(self, side: str, g: int) -> bool:
-        return all(k in self.ready and k not in self.down for k in self._group_keys(side, g))
+        return (side, g) not in self.spent and \
+            all(k in self.ready and k not in self.down for k in self._group_keys(side, g))
 
     def _issue(self) -> None:
         cfg, topo = self.cfg, self.topo
@@ -300,6 +309,9 @@ class Harness:
                 if got is None:
                     for side2, g2 in ids:
                         self.pools[(side2, g2)].give(ids[(side2, g2)])
+                    if not any(fl.groups[side] == g for fl in self.flights.values()) and \
+                            not any(o[0] == (side, g) for o in self.orphans.values()):
+                        self._spend(side, g)
                     return  # wait for pages
                 ids[(side, g)] = got
             if self.retry_q and req is self.retry_q[0]:
@@ -318,6 +330,17 @@ class Harness:
             self.report.retries += req.generation > 0
             per_group[dg] += 1
             budget -= 1
+
+    def _spend(self, side: str, g: int) -> None:
+        """Note [Spent groups]: quarantined pages and slots never come back (Note [What is
+        checked]), so a group whose rank quarantined enough of them (a decode rank that froze,
+        or whose prefill peers died mid-transfer, several times) cannot take this request even
+        with nothing in flight: it takes no more requests, and the run ends once no group of a
+        side is left, instead of waiting for pages that cannot come."""
+        pool = self.pools[(side, g)]
+        self.spent.add((side, g))
+        self.report.spent.append(f"{side}.dp{g}: {len(pool.pages)} pages, {len(pool.slots)} "
+                                 f"slots free, {pool.quarantined_pages} pages quarantined")
 
     def _pick_room(self, per_group) -> int | None:
         topo = self.topo
@@ -498,6 +521,7 @@ class Harness:
         key = (f.side, f.dp, 0, 0)
         self.procs[key].join(timeout=5)
         self.pools[(f.side, f.dp)] = _Pool(self.cfg.pages, self.cfg.slots, self.rng)
+        self.spent.discard((f.side, f.dp))  # a new process: all of its pages
         self.orphans = {k: v for k, v in self.orphans.items() if k[2] != key}
         self.down.discard(key)
         self._spawn(key, self.bootstrap)

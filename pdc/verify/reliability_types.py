@@ -68,6 +68,7 @@ class Report:
     corrupted_bytes: int = 0
     quarantined: int = 0  # requests whose decode pages were quarantined
     quarantined_pages: int = 0
+    spent: list = field(default_factory=list)  # groups out of pages or slots (quarantined)
     unexpected: list = field(default_factory=list)  # failures nothing explains
     reasons: Counter = field(default_factory=Counter)  # failure reason (normalised) -> count
     fault_requests: int = 0  # requests a fault hit while in flight
@@ -97,6 +98,8 @@ class Report:
                                          "flight (prefill counters)"))
         rows.append(("max stall", f"{self.max_stall_ms} ms (longest gap between two timer "
                                   "runs of a rank's control thread)"))
+        if self.spent:
+            rows.append(("spent groups", "; ".join(self.spent)))
         if self.fault_requests:
             rows.append(("fault-hit", f"{self.fault_requests} requests, all terminal within "
                                       f"{self.fault_resolution_s:.1f} s"))

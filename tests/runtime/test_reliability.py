@@ -189,3 +189,21 @@ def test_a_run_that_stops_making_progress_ends_and_says_what_it_waits_on():
     assert "prefill-dp0-pp0-tp0.log" in r.log_tails, sorted(r.log_tails)
     assert "Thread 0x" in r.log_tails["prefill-dp0-pp0-tp0.log"], r.log_tails
     assert r.log_dir and Path(r.log_dir).is_dir()
+
+
+SPENT = re.compile(r"decode\.dp0: \d+ pages, 0 slots free, \d+ pages quarantined")
+
+
+def test_a_group_whose_slots_went_to_quarantine_ends_the_run_instead_of_hanging():
+    """Note [Spent groups]: each freeze of prefill dp1 mid-transfer quarantines the decode
+    slots of its requests in flight (no abort ack within abort_ack_timeout_s), and quarantined
+    slots never come back. With 3 slots, decode runs out: the run ends there, clean, instead
+    of waiting for slots that cannot come."""
+    faults = [Fault(at=a, action="stop", side="prefill", dp=1, resume_after_s=5.0)
+              for a in (5, 15, 25, 35)]
+    r = run(RelConfig(spec=TINY, prefill="tp=1,dp=2", requests=400, abort_rate=0.0, slots=3,
+                      concurrency=3, faults=faults, knobs=dict(FAST, peer_dead_after_s=1.0)),
+            out=io.StringIO())
+    assert_clean(r)
+    assert len(r.spent) == 1 and SPENT.fullmatch(r.spent[0]), r.summary()
+    assert r.quarantined >= 3 and r.requests < 400, r.summary()
