@@ -242,7 +242,8 @@ class Harness:
                                           f"waiting for {sorted(fl.waiting)}")
 
     def _stalled(self) -> None:
-        """Name what the run waits on and have every rank write its stacks into its log."""
+        """Name what the run waits on and have every rank that is up write its stacks into
+        its log (_shutdown has the others write theirs)."""
         waits = Counter(k for fl in self.flights.values() for k in fl.waiting)
         not_up = sorted("{}.dp{}.pp{}.tp{}".format(*k) for k in self.keys if k not in self.ready)
         self.report.unexpected.append(
@@ -253,8 +254,8 @@ class Harness:
             "requests waiting on: " + (", ".join(
                 "{}.dp{}.pp{}.tp{} x{}".format(*k, n) for k, n in waits.most_common()) or
                 "none (none issued: no pages or no healthy group)"))
-        for p in self.procs.values():
-            if p.is_alive():
+        for key, p in self.procs.items():
+            if key in self.ready and p.is_alive():
                 os.kill(p.pid, signal.SIGUSR1)
         time.sleep(0.5)
 
