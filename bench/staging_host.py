@@ -7,9 +7,10 @@ request with fresh page ids and its region at another place of one arena. Host �
 the call takes on the calling thread (its launches queued, not waited for); GPU µs is the same
 call's launches timed by CUDA events; "of it graphs.run" is the host µs of the call's graph
 part (`staging_graphs.LaunchGraphs.run`: the replay, or Triton's launches), the rest is the
-Python that computes the launches' values. Modes alternate per repetition: the `staging_graphs` knob
-on (Note [Staging graphs]: the shape's first call through Triton, its second captured, later
-ones replayed) and off (every launch through Triton's launcher). Medians over `--reps` calls
+Python that computes the launches' values. Modes (`--modes`) alternate per repetition: "copy",
+"kernel" and "mapped" replay graphs (Note [Staging graphs]: the shape's first call through Triton, its
+second captured, later ones replayed) with the `graph_input` knob at that value (Note [Pinned
+graph input]); "off" sends every launch through Triton's launcher. Medians over `--reps` calls
 after `--warmup`; the first and last timed request of each mode are checked against torch's
 indexing copies (staging.gather / staging.scatter) byte for byte.
 
@@ -82,6 +83,9 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--profile", type=int, default=0, metavar="N")
+    ap.add_argument("--modes", default="copy,kernel,mapped,off",
+                    help="comma-separated: copy, kernel, mapped (graphs replayed, graph_input "
+                         "knob), off")
     args = ap.parse_args()
     device = "cpu" if args.small else "cuda:0"
     if args.small:
@@ -94,7 +98,13 @@ def main() -> int:
     staging, layout, link, src, dst, blocks, nbytes, pages = _setup(args.tokens, device)
     arena = torch.empty(3 * nbytes, dtype=torch.uint8, device=device)
     rng = np.random.default_rng(0)
-    launches = {m: staging.Launches(staging.family_kernels(layout)) for m in ("on", "off")}
+    modes = args.modes.split(",")
+    for m in modes:
+        if m not in ("copy", "kernel", "mapped", "off"):
+            print(f"--modes: unknown mode {m!r}; use copy, kernel, mapped or off",
+                  file=sys.stderr)
+            return 2
+    launches = {m: staging.Launches(staging.family_kernels(layout)) for m in modes}
     times: dict[str, dict[str, list]] = {m: {"gather host": [], "gather gpu": [],
                                              "gather run": [], "scatter host": [],
                                              "scatter gpu": [], "scatter run": []}
@@ -106,7 +116,8 @@ def main() -> int:
     total = args.warmup + args.reps
     for i in range(total):
         for mode, lx in launches.items():
-            knobs.override(staging_graphs=1 if mode == "on" else 0)
+            knobs.override(staging_graphs=0 if mode == "off" else 1,
+                           graph_input="copy" if mode == "off" else mode)
             try:
                 ids = rng.permutation(2 * pages)[:pages].astype(np.int64)
                 at = int(rng.integers(0, 2)) * nbytes  # the region moves within the arena
@@ -129,21 +140,26 @@ def main() -> int:
                 checks.append(_check(staging, link, blocks, src, dst, ids, dst_ids, out))
     if args.profile:
         try:
-            _profile(args.profile, launches["on"], link, blocks, src, dst, arena, nbytes, pages,
-                     rng)
+            for mode, lx in launches.items():
+                if mode != "off":
+                    print(f"--- graph_input {mode}")
+                    _profile(args.profile, lx, link, blocks, src, dst, arena, nbytes, pages,
+                             rng)
         except Exception as exc:  # noqa: BLE001 - the table below still prints
             print(f"--profile failed: {exc!r}")
     rows = []
     for mode, lx in launches.items():
         row = {"graphs": mode, **{k: round(statistics.median(v), 1) for k, v in times[mode].items()},
-               **{k: lx.graphs.stats[k] for k in ("launched", "captured", "replayed")}}
+               **{k: lx.graphs.stats[k] for k in ("launched", "captured", "replayed")},
+               "input": ",".join(sorted({g.pinned.mode for g in lx.graphs._graphs.values()}))}
         rows.append(row)
     C.table(rows, [("graphs", "graphs", ""), ("gather host", "gather host us", ".1f"),
                    ("gather run", "of it graphs.run", ".1f"), ("gather gpu", "gather GPU us", ".1f"),
                    ("scatter host", "scatter host us", ".1f"),
                    ("scatter run", "of it graphs.run", ".1f"),
                    ("scatter gpu", "scatter GPU us", ".1f"), ("launched", "launched", "d"),
-                   ("captured", "captured", "d"), ("replayed", "replayed", "d")])
+                   ("captured", "captured", "d"), ("replayed", "replayed", "d"),
+                   ("input", "graph input", "")])
     print(f"{args.tokens} tokens, {len(blocks)} blocks, {nbytes} B per link region")
     names = [f"{m} request {k}" for k in ("first", "last") for m in launches]
     return C.finish("staging_host", args, rows, dict(zip(names, checks, strict=True)))
@@ -186,15 +202,16 @@ def _replay_steps(n: int, got) -> None:
     from pdc.runtime.pinned_graph import on_device
 
     pinned = got.pinned
-    device = pinned.values.device
-    values = pinned.values.cpu().numpy()
+    slot = pinned.slots[0]
+    device = slot.values.device
+    values = slot.host_np.copy()
 
     def fill(buf):
         buf[:] = values
 
     def replay():
-        pinned.graph.replay()
-        pinned.read.record(pinned.stream)
+        slot.graph.replay()
+        slot.read.record(pinned.stream)
 
     def context():
         with torch.cuda.device(device):
@@ -203,11 +220,11 @@ def _replay_steps(n: int, got) -> None:
     steps = {"on_device (device current)": lambda: on_device(device, int, 0),
              "torch.cuda.device enter+exit": context,
              "raw stream handle": lambda: torch._C._cuda_getCurrentRawStream(device.index),
-             "wait for the last copy": lambda: pinned.read.synchronize(),
-             "fill the pinned buffer": lambda: fill(pinned.host_np),
+             "wait for the last replay": lambda: slot.read.synchronize(),
+             "fill the pinned buffer": lambda: fill(slot.host_np),
              "graph.replay() + event": replay,
              "PinnedGraph.call (all)": lambda: pinned.call(fill)}
-    print(f"  copy inside the graph: {pinned.copy_inside}")
+    print(f"  graph input: {slot.mode}, copy inside the graph: {slot.copy_inside}")
     for name, step in steps.items():
         took = []
         for _ in range(n):

@@ -236,9 +236,11 @@ def _launch_cuda(size: int, fill, counts: tuple, word: int, grid, meta: dict, wa
     if not capture:
         return
     try:  # after the launch above compiled the kernel
-        graph = PinnedGraph(
-            dev, lambda: _compiled[grid](dev, anchor, *counts, **meta, num_warps=warps),
-            torch.cuda.current_stream(device), device)
+        def build_run(table):
+            words = table.view(_WORD_DTYPES[word])
+            return lambda: _compiled[grid](table, words, *counts, **meta, num_warps=warps)
+
+        graph = PinnedGraph(dev, build_run, torch.cuda.current_stream(device), device)
     except Exception as exc:  # noqa: BLE001 - a capture that fails costs only the graph
         # The launch above is queued either way; this shape keeps Triton's launcher.
         graph_stats["capture_errors"] = graph_stats.get("capture_errors", 0) + 1

@@ -72,6 +72,7 @@ class LaunchGraphs:
                 got = self._graphs.get(key)
                 if got is not None and got.anchor is anchor:
                     self._graphs.move_to_end(key)
+                    self.stats["replayed"] += 1
                 elif key in self._seen:
                     got = None
                     del self._seen[key]
@@ -82,12 +83,7 @@ class LaunchGraphs:
                     while len(self._seen) > self.limit:
                         self._seen.popitem(last=False)
         if got is not None:  # Note [Pinned graph input]
-            def fill(buf: np.ndarray) -> None:
-                buf[:] = values
-
-            got.pinned.call(fill)
-            with self._lock:
-                self.stats["replayed"] += 1
+            got.pinned.put(values)
             return
         # torch's pinned-memory cache keeps the block until the copy below has read it
         host = torch.empty(len(values), dtype=torch.int64, pin_memory=True)
@@ -98,21 +94,28 @@ class LaunchGraphs:
             launch.run()
         self.stats["launched"] += 1
         if capture:
-            self._capture(key, anchor, dev, launches, device)
+            self._capture(key, anchor, dev, build, device)
 
-    def _capture(self, key, anchor, dev, launches, device) -> None:
-        def run() -> None:
-            for launch in launches:
-                launch.run()
+    def _capture(self, key, anchor, dev, build, device) -> None:
+        held: list = []  # every slot's launches: they keep the tensors the graphs point at
+
+        def build_run(values):
+            launches = build(values)
+            held.extend(launches)
+
+            def run() -> None:
+                for launch in launches:
+                    launch.run()
+            return run
 
         try:  # after the launches above compiled the kernels
-            pinned = PinnedGraph(dev, run, torch.cuda.current_stream(device), device)
+            pinned = PinnedGraph(dev, build_run, torch.cuda.current_stream(device), device)
         except Exception as exc:  # noqa: BLE001 - a capture that fails costs only the graph
             self.stats["capture_errors"] += 1
             self.last_capture_error = repr(exc)
             return
         with self._lock:
-            self._graphs[key] = _Graph(pinned, launches, anchor)
+            self._graphs[key] = _Graph(pinned, held, anchor)
             self.stats["captured"] += 1
             while len(self._graphs) > self.limit:
                 self._graphs.popitem(last=False)

@@ -22,6 +22,19 @@ def _gpu(test):
     return pytest.mark.gpu(skip(test))
 
 
+@pytest.fixture(params=["copy", "kernel", "mapped"])
+def graph_input(request):
+    """Both ways a replayed graph reads its pinned buffer (Note [Pinned graph input])."""
+    knobs.override(graph_input=request.param)
+    yield request.param
+    knobs.reset()
+
+
+def _graphs_read(launches, mode):
+    """Every kept graph reads its values the way the knob asked."""
+    assert [g.pinned.mode for g in launches.graphs._graphs.values()] == [mode]
+
+
 @pytest.fixture(scope="module")
 def llama():
     family = Family.load("llama3_70b")
@@ -106,17 +119,19 @@ def test_scatters_from_regions_anywhere_in_the_arena_on_the_cpu(llama):
 
 
 @_gpu
-def test_a_gather_shape_seen_before_replays_its_graph(llama):
+def test_a_gather_shape_seen_before_replays_its_graph(llama, graph_input):
     launches = _gather_three(*llama, "cuda:0")
     stats = launches.graphs.stats
     assert (stats["launched"], stats["captured"], stats["replayed"]) == (2, 1, 1), stats
+    _graphs_read(launches, graph_input)
 
 
 @_gpu
-def test_a_scatter_shape_seen_before_replays_its_graph(llama):
+def test_a_scatter_shape_seen_before_replays_its_graph(llama, graph_input):
     launches = _scatter_three(*llama, "cuda:0")
     stats = launches.graphs.stats
     assert (stats["launched"], stats["captured"], stats["replayed"]) == (2, 1, 1), stats
+    _graphs_read(launches, graph_input)
 
 
 @_gpu
@@ -131,10 +146,10 @@ def test_with_the_knob_off_every_call_goes_through_triton(llama):
 
 
 @_gpu
-def test_replays_queued_back_to_back_each_gather_their_own_items(llama):
+def test_replays_queued_back_to_back_each_gather_their_own_items(llama, graph_input):
     # Note [Pinned graph input]: six gathers of one shape queued without a wait between them;
-    # each replay's values sit in the graph's one pinned buffer until its copy ran, so a call
-    # must not overwrite them early.
+    # each replay's values sit in a pinned buffer of the graph until its copy (or, mapped, its
+    # launches) ran, so a call must not overwrite them early.
     layout, plan = llama
     link = plan.links[1]
     pools = _pools(layout, plan, "prefill", link.prefill, "cuda:0", 5)
@@ -152,3 +167,4 @@ def test_replays_queued_back_to_back_each_gather_their_own_items(llama):
         assert torch.equal(region, _want_gather(link, blocks, pools, got, nbytes)), i
     stats = launches.graphs.stats
     assert (stats["launched"], stats["captured"], stats["replayed"]) == (2, 1, 4), stats
+    _graphs_read(launches, graph_input)
