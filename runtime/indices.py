@@ -234,6 +234,8 @@ def check_capacity(ids: np.ndarray, capacity: int, what: str) -> None:
     """Refuse any index outside [0, capacity) before a single byte moves."""
     if len(ids) == 0:
         return
+    if ids.dtype == np.int64 and int(ids.view(np.uint64).max()) < capacity:
+        return  # one reduction: as uint64 a negative id lies above every capacity
     lo, hi = int(ids.min()), int(ids.max())
     if lo < 0 or hi >= capacity:
         bad = lo if lo < 0 else hi

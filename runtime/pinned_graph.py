@@ -29,7 +29,7 @@ tensor, "kernel" and "mapped" fall back to "copy".
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -153,21 +153,25 @@ class PinnedGraph:
     def mapped(self) -> bool:
         return self.mode == "mapped"
 
-    def put(self, values: np.ndarray) -> None:
-        """`call` with a fill that writes `values` (the buffer's length) into the buffer."""
-        self.call(None, values)
+    def put(self, parts: Sequence[np.ndarray]) -> None:
+        """`call` with a fill that writes `parts` back to back (the buffer's length)."""
+        self.call(None, parts)
 
     def call(self, fill: Callable[[np.ndarray], object] | None,
-             values: np.ndarray | None = None) -> None:
-        """`fill(a host buffer)` (or, without `fill`, `values` written into it), then queue
-        the graph on the current stream (of the graph's device, which must be current)."""
+             parts: Sequence[np.ndarray] = ()) -> None:
+        """`fill(a host buffer)` (or, without `fill`, `parts` written into it back to back),
+        then queue the graph on the current stream (of the graph's device, which must be
+        current)."""
         with self._lock:
             slot = self.slots[self._next]
             self._next = (self._next + 1) % len(self.slots)
             if slot.replayed:
                 slot.read.synchronize()  # returns at once when that replay has read it (usual)
             if fill is None:
-                slot.host_np[:] = values
+                buf, at = slot.host_np, 0
+                for part in parts:
+                    buf[at:at + len(part)] = part
+                    at += len(part)
             else:
                 fill(slot.host_np)
             if slot.mode == "copy" and not slot.copy_inside:

@@ -447,7 +447,7 @@ class Launches:
             base = staging_buf
         base_ptr = base.data_ptr()
         rel = staging_buf.data_ptr() - base_ptr
-        shape_key = (key, base_ptr, rel, tuple((g.component, j0, n) for g, j0, n in runs))
+        shape_key = (key, base_ptr, rel, tuple([(g.component, j0, n) for g, j0, n in runs]))
         with self._lock:
             call = self.calls.get(shape_key)
             if call is not None and call.blocks is blocks:
@@ -460,7 +460,7 @@ class Launches:
                 self.calls[shape_key] = call
                 while len(self.calls) > self.limit:
                     self.calls.popitem(last=False)
-        values = np.concatenate([*ids_parts, call.offsets_words])
+        ids_parts.append(call.offsets_words)  # the values: every run's ids, then the offsets
 
         def build(dev):
             from . import copy_kernels as K
@@ -476,7 +476,7 @@ class Launches:
                     launches.append(launch)
             return launches
 
-        self.graphs.run((*key, base_ptr, base.numel(), call.graph_shape), blocks, values,
+        self.graphs.run((*key, base_ptr, base.numel(), call.graph_shape), blocks, ids_parts,
                         base.device, build)
         return call
 

@@ -51,19 +51,21 @@ class LaunchGraphs:
         self.stats = {"launched": 0, "captured": 0, "replayed": 0, "capture_errors": 0}
         self.last_capture_error = ""
 
-    def run(self, key: tuple, anchor: object, values: np.ndarray, device: torch.device,
+    def run(self, key: tuple, anchor: object, parts: list[np.ndarray], device: torch.device,
             build: Callable[[torch.Tensor], list]) -> None:
         """Queue the launches that `build(values on the device)` prepares (copy_kernels.Prepared),
-        on `device`'s current stream. `key` fixes everything but the values; `anchor` is the
+        on `device`'s current stream, where the values are `parts` back to back (written
+        straight into a replayed graph's buffer). `key` fixes everything but the values;
+        `anchor` is the
         object the key names by id()."""
         if device.type != "cuda":
-            for launch in build(torch.from_numpy(values)):
+            for launch in build(torch.from_numpy(np.concatenate(parts))):
                 launch.run()
             self.stats["launched"] += 1
             return
-        on_device(device, self._run_cuda, key, anchor, values, device, build)
+        on_device(device, self._run_cuda, key, anchor, parts, device, build)
 
-    def _run_cuda(self, key, anchor, values, device, build) -> None:
+    def _run_cuda(self, key, anchor, parts, device, build) -> None:
         # The raw stream handle (what Triton's launcher reads too): no Stream object per call.
         key = (device.index, torch._C._cuda_getCurrentRawStream(device.index), *key)
         got, capture = None, False
@@ -83,9 +85,10 @@ class LaunchGraphs:
                     while len(self._seen) > self.limit:
                         self._seen.popitem(last=False)
         if got is not None:  # Note [Pinned graph input]
-            got.pinned.put(values)
+            got.pinned.put(parts)
             return
         # torch's pinned-memory cache keeps the block until the copy below has read it
+        values = np.concatenate(parts)
         host = torch.empty(len(values), dtype=torch.int64, pin_memory=True)
         host.numpy()[:] = values
         dev = host.to(device, non_blocking=True)
