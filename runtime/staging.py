@@ -347,10 +347,34 @@ class Launches:
         self.limit = limit
         self.tables: OrderedDict = OrderedDict()  # key -> (blocks, {component: _Group})
         self.calls: OrderedDict = OrderedDict()  # shape -> _Call (Note [Staging call shapes])
+        self.pieces: OrderedDict = OrderedDict()  # ring piece shape -> (blocks, piece blocks)
         self._lock = threading.Lock()
         from .staging_graphs import LaunchGraphs
 
         self.graphs = LaunchGraphs()
+
+    def piece_blocks(self, blocks: tuple[Block, ...], block_ids, n: int) -> tuple[Block, ...]:
+        """The blocks `block_ids` of a link's `blocks` as one ring piece lays them out in its
+        slot (Note [Staging ring]: each block's n items back to back, in block order), so that
+        gather_chunk and scatter_link move a piece like a region. Kept per piece shape: the
+        launches' tables, call shapes and graphs are keyed by the tuple's identity."""
+        key = (id(blocks), tuple(block_ids), n)
+        with self._lock:
+            hit = self.pieces.get(key)
+            if hit is not None and hit[0] is blocks:
+                self.pieces.move_to_end(key)
+                return hit[1]
+        out, at = [], 0
+        for bi in block_ids:
+            b = blocks[bi]
+            out.append(Block(b.entry, b.segment, b.component, at, n))
+            at += n * b.segment.total_bytes
+        got = tuple(out)
+        with self._lock:
+            self.pieces[key] = (blocks, got)
+            while len(self.pieces) > self.limit:
+                self.pieces.popitem(last=False)
+        return got
 
     def _max_align(self, comp: str) -> int:
         if self.kernels is not None and comp in self.kernels.ALIGN:

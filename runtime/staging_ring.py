@@ -12,10 +12,13 @@ one contiguous region named in the TransferRequest (`staging_slots` > 0). Then:
    so each block's run is one copy on each side as in a whole region (item-major pieces of
    one page of all 160 blocks cost 2.7x more copies on the CPU box, BENCHMARKS.md (t)). Each piece is gathered into the same slot of prefill's own gather
    buffer, written to decode's slot with one descriptor, and once that write completed,
-   announced with RingFilled (slot, j0, n, block indices).
-2. Decode scatters the piece from the slot into its pools on its control thread (the same
-   code as the whole-region scatter, with torch or numpy; synchronised before the next
-   step), then answers RingFreed (slot). Prefill fills a slot only while it holds it: all
+   announced with RingFilled (slot, j0, n, block indices). On device pools a piece is
+   gathered and scattered like a region, by one copy-kernel launch (`staging.Launches`, its
+   blocks laid out as the slot holds them: `Launches.piece_blocks`), replayed as a graph
+   once the piece's shape was seen (Note [Staging graphs]); elsewhere by torch or numpy per
+   block.
+2. Decode scatters the piece from the slot into its pools on its control thread
+   (synchronised before the next step), then answers RingFreed (slot). Prefill fills a slot only while it holds it: all
    slots at first, and a slot again once its RingFreed arrived. A piece that finds no free
    slot waits (counted: `staging_ring_waits` on prefill, the Prometheus counter
    `pdc:kv_transfer_staging_ring_waits_total`), and the transfer worker sleeps until a

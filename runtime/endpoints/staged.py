@@ -217,9 +217,20 @@ class PrefillStaging(PrefillHost):
             self._reserve_gather_buffer(st)
         at = slot * ring.slot_bytes
         link = self.links[t.peer.rank]
-        n = staging_ring.copy_piece("gather", self.pools.view, st.blocks, link, piece.blocks,
-                                    piece.ids, st.local[at:at + ring.slot_bytes], "src")
-        self.pools.sync()  # the engine reads the gather buffer once it is submitted
+        slot_buf = st.local[at:at + ring.slot_bytes]
+        if self.launches is not None:  # the piece as one launch, like a region's chunk
+            blocks = self.launches.piece_blocks(st.blocks, piece.blocks, piece.n)
+            self.launches.gather_chunk(
+                link, blocks, self.pools.view,
+                {blocks[0].component: (piece.ids, np.arange(piece.n, dtype=np.int64))}, None,
+                slot_buf)
+            n = piece.nbytes
+            if not self.engine.orders_after(getattr(self.pools, "device", None)):
+                self.pools.sync()  # the engine reads the gather buffer once it is submitted
+        else:
+            n = staging_ring.copy_piece("gather", self.pools.view, st.blocks, link,
+                                        piece.blocks, piece.ids, slot_buf, "src")
+            self.pools.sync()  # the engine reads the gather buffer once it is submitted
         batch = self.engine.submit_write(
             t.peer.engine_peer, np.array([address(st.local) + at], np.uint64),
             np.array([st.remote_addr + at], np.uint64), np.array([n], np.uint64))
@@ -400,15 +411,20 @@ class DecodeStaging(DecodeHost):
             _, blocks = rv.staged[name][1:]
             link = self.links[self.source_rank[name]]
             block_ids = msg.blocks.tolist()
-            comp, _ = staging_ring.check_piece(blocks, link, block_ids, msg.first_item,
-                                               msg.items, ring.slot_bytes)
+            comp, nbytes = staging_ring.check_piece(blocks, link, block_ids, msg.first_item,
+                                                    msg.items, ring.slot_bytes)
             if ring.ids is None:
                 ring.ids = staging.target_ids(self.layout, rv.target, self.page_size)
             ids = ring.ids[comp][msg.first_item:msg.first_item + msg.items]
             at = ring.offset + msg.slot * ring.slot_bytes
-            ring.got += staging_ring.copy_piece(
-                "scatter", self.pools.view, blocks, link, block_ids, ids,
-                self.arena.view(at, ring.slot_bytes), "dst")
+            slot_view = self.arena.view(at, ring.slot_bytes)
+            if self.launches is not None:  # the piece as one launch, like a region
+                piece = self.launches.piece_blocks(blocks, block_ids, msg.items)
+                self.launches.scatter_link(link, piece, self.pools.view, {comp: ids}, slot_view)
+                ring.got += nbytes
+            else:
+                ring.got += staging_ring.copy_piece(
+                    "scatter", self.pools.view, blocks, link, block_ids, ids, slot_view, "dst")
             ring.pieces += 1
             self.pools.sync()  # the slot may be written again once RingFreed leaves
         except (IndexError_, ValueError) as e:

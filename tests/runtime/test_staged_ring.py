@@ -39,7 +39,8 @@ def fam():
     return Family({"tp": 1}, {"tp": 2})
 
 
-@pytest.fixture(params=[_pools_param(k) for k in ("host", "torch-cpu", "cuda-torch")])
+@pytest.fixture(params=[_pools_param(k) for k in ("host", "torch-cpu", "kernels-cpu", "cuda",
+                                                  "cuda-torch")])
 def ring_split(fam, request):
     _ring_knobs(staging_ring_slot_bytes=SLOT)
     s = Split(fam, decode_arena_bytes=ARENA, devices=request.param)
@@ -71,6 +72,9 @@ def test_a_request_larger_than_the_arena_moves_through_a_ring(ring_split):
         assert st.get("checksum_mismatches", 0) == 0
     assert split.pre.stats().get("stale_ring_messages", 0) == 0
     assert _whole(split.pre, *split.decs)
+    # The pieces went through the copy kernels exactly where the staged path has them.
+    for ep in (split.pre, *split.decs):
+        assert (ep.launches is not None and len(ep.launches.pieces) > 0) == split.kernels
     # The oracle: the same request over the direct path.
     knobs.override(staged_min_descriptors=10**9)
     _, direct = split.request(41, [4, 12, 6], 3)
