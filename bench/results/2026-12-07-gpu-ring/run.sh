@@ -8,20 +8,14 @@
 # alternating; (d) bench/endpoints_processes.py, direct 1K and 8K over cuda_ipc,
 # PDC_GRAPH_INPUT copy / kernel. Carried: .whl, build/gpurun/before (git archive of main
 # before the ring change). Outputs also in $OUT/results.tgz. From the repository root:
-#   BUDGET=400 bash bench/results/2026-12-07-gpu-ring/run.sh
-BUDGET=${BUDGET:-400}
+#   BUDGET=360 bash bench/results/2026-12-07-gpu-ring/run.sh
+BUDGET=${BUDGET:-360}
 source "$(dirname "${BASH_SOURCE[0]}")/../gpu_call.sh"
-(cd /tmp && PYTHONPATH="$AFTER:/tmp/site" timeout 100 python3 -m pytest -q -rA --tb=short \
-  -p no:cacheprovider --import-mode=append --rootdir "$T" -m gpu --timeout 90 \
+(cd /tmp && PYTHONPATH="$AFTER:/tmp/site" timeout 80 python3 -m pytest -q -rA --tb=short \
+  -p no:cacheprovider --import-mode=append --rootdir "$T" -m gpu --timeout 70 \
   $T/tests/runtime/test_staging_graphs.py $T/tests/runtime/test_pinned_graph.py \
   $T/tests/runtime/engines/test_cuda_ipc.py $T/tests/runtime/test_staged_ring.py) > $W/gpu-tests.txt 2>&1
 pack gpu-tests $?; grep -E "^(FAILED|ERROR)|passed|failed" $W/gpu-tests.txt | tail -8
-PYTHONPATH="$AFTER:/tmp/site" timeout 30 python3 bench/staging_python.py --reps 300 \
-  --json $W/python.json > $W/python.txt 2>&1
-pack python $?; grep -E '^(gather|scatter) ' $W/python.txt
-PYTHONPATH="$AFTER:/tmp/site" timeout 40 python3 bench/staging_host.py --tokens 8192 --reps 30 \
-  --modes copy,kernel,mapped,off --profile 10 --json $W/host.json > $W/host.txt 2>&1
-pack host $?; grep -E '^(copy|kernel|mapped|off) ' $W/host.txt
 ring() {  # ring TREE ROUND
   local P=$AFTER; [ "$1" = before ] && P=$BEFORE
   local t=$(($(left) - $3)); [ $t -gt 70 ] && t=70
@@ -31,9 +25,15 @@ ring() {  # ring TREE ROUND
     > $W/ring-$1-$2.txt 2>&1
   pack "ring-$1-$2" $?; grep -E "arena|checks" $W/ring-$1-$2.txt | sed "s/^/ring $1-$2 /"
 }
-ring before 1 100; ring after 1 100
+ring before 1 140; ring after 1 140
+PYTHONPATH="$AFTER:/tmp/site" timeout 30 python3 bench/staging_python.py --reps 300 \
+  --json $W/python.json > $W/python.txt 2>&1
+pack python $?; grep -E '^(gather|scatter) ' $W/python.txt
+PYTHONPATH="$AFTER:/tmp/site" timeout 40 python3 bench/staging_host.py --tokens 8192 --reps 30 \
+  --modes copy,kernel,mapped,off --profile 10 --json $W/host.json > $W/host.txt 2>&1
+pack host $?; grep -E '^(copy|kernel|mapped|off) ' $W/host.txt
 for mode in copy kernel; do
-  t=$(($(left) - 80)); [ $t -gt 45 ] && t=45
+  t=$(($(left) - 10)); [ $t -gt 45 ] && t=45
   [ $t -lt 20 ] && { echo "$mode skipped"; continue; }
   PDC_GRAPH_INPUT=$mode PYTHONPATH="$AFTER:/tmp/site" timeout $t python3 bench/endpoints_processes.py \
     --engines cuda_ipc --pairs tp1-tp1-direct:1024,tp1-tp1-direct:8192 --reps 30 \
