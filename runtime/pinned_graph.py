@@ -172,6 +172,8 @@ class PinnedGraph:
                 for part in parts:
                     buf[at:at + len(part)] = part
                     at += len(part)
+                if at != len(buf):  # a caller bug: the graph would read stale values
+                    raise ValueError(f"{at} values for a graph input of {len(buf)}")
             else:
                 fill(slot.host_np)
             if slot.mode == "copy" and not slot.copy_inside:

@@ -1,7 +1,8 @@
 """Note [Pinned graph input]: a replayed descriptor-copy launch reads its table from the
 graph's own pinned buffer, copied by the graph's first node ("copy"), read across the bus by
-a first kernel ("kernel") or by the launches themselves ("mapped"); launches of one shape queued back to back each copy their own descriptors. Needs a
-CUDA device."""
+a first kernel ("kernel") or by the launches themselves ("mapped"); launches of one shape
+queued back to back each copy their own descriptors (needs a CUDA device). On the CPU, with a
+counting stand-in for the graph: calls alternate the slots and fill each exactly."""
 
 from __future__ import annotations
 
@@ -49,3 +50,51 @@ def _back_to_back(descriptor_copy, graph_input):
     assert descriptor_copy.graph_stats["captured"] == before["captured"] + 1
     assert descriptor_copy.graph_stats["replayed"] == before["replayed"] + rounds - 2
     assert [g.mode for g in descriptor_copy._graphs.values()] == [graph_input]
+
+
+class _FakeSlot:
+    """A slot whose graph and event only count (unit test of PinnedGraph.call's buffer use)."""
+
+    def __init__(self, n):
+        self.host_np = np.zeros(n, np.int64)
+        self.mode, self.copy_inside, self.replayed = "kernel", False, False
+        self.replays = 0
+        self.graph = self.read = self
+
+    def replay(self):
+        self.replays += 1
+
+    def record(self, stream):
+        pass
+
+    def synchronize(self):
+        pass
+
+
+def _fake_graph(slots):
+    import threading
+
+    from pdc.runtime.pinned_graph import PinnedGraph
+
+    graph = object.__new__(PinnedGraph)
+    graph.slots, graph.mode, graph.stream, graph._next = slots, "kernel", None, 0
+    graph._lock = threading.Lock()
+    return graph
+
+
+def test_calls_alternate_slots_and_write_the_parts_back_to_back():
+    slots = [_FakeSlot(5), _FakeSlot(5)]
+    graph = _fake_graph(slots)
+    graph.put([np.array([1, 2]), np.array([3, 4, 5])])
+    graph.put([np.array([6, 7, 8]), np.array([9, 10])])
+    graph.call(lambda buf: buf.fill(11))
+    assert slots[0].host_np.tolist() == [11] * 5
+    assert slots[1].host_np.tolist() == [6, 7, 8, 9, 10]
+    assert [s.replays for s in slots] == [2, 1]
+
+
+def test_parts_that_do_not_fill_the_graph_input_are_refused():
+    graph = _fake_graph([_FakeSlot(5)])
+    with pytest.raises(ValueError) as info:
+        graph.put([np.array([1, 2]), np.array([3])])
+    assert str(info.value) == "3 values for a graph input of 5"
