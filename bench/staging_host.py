@@ -7,10 +7,10 @@ request with fresh page ids and its region at another place of one arena. Host �
 the call takes on the calling thread (its launches queued, not waited for); GPU µs is the same
 call's launches timed by CUDA events; "of it graphs.run" is the host µs of the call's graph
 part (`staging_graphs.LaunchGraphs.run`: the replay, or Triton's launches), the rest is the
-Python that computes the launches' values. Modes (`--modes`) alternate per repetition: "copy",
-"kernel" and "mapped" replay graphs (Note [Staging graphs]: the shape's first call through Triton, its
-second captured, later ones replayed) with the `graph_input` knob at that value (Note [Pinned
-graph input]); "off" sends every launch through Triton's launcher. Medians over `--reps` calls
+Python that computes the launches' values. Modes (`--modes`) alternate per repetition:
+"copy", "kernel" and "mapped" replay graphs (Note [Staging graphs]: the shape's first call
+through Triton, its second captured, later ones replayed) with the `graph_input` knob at that
+value (Note [Pinned graph input]); "off" sends every launch through Triton's launcher. Medians over `--reps` calls
 after `--warmup`; the first and last timed request of each mode are checked against torch's
 indexing copies (staging.gather / staging.scatter) byte for byte.
 

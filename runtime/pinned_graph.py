@@ -149,10 +149,6 @@ class PinnedGraph:
         self._next = 0
         self._lock = threading.Lock()  # one call at a time writes a buffer and replays
 
-    @property
-    def mapped(self) -> bool:
-        return self.mode == "mapped"
-
     def put(self, parts: Sequence[np.ndarray]) -> None:
         """`call` with a fill that writes `parts` back to back (the buffer's length)."""
         self.call(None, parts)

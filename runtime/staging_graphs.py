@@ -56,8 +56,7 @@ class LaunchGraphs:
         """Queue the launches that `build(values on the device)` prepares (copy_kernels.Prepared),
         on `device`'s current stream, where the values are `parts` back to back (written
         straight into a replayed graph's buffer). `key` fixes everything but the values;
-        `anchor` is the
-        object the key names by id()."""
+        `anchor` is the object the key names by id()."""
         if device.type != "cuda":
             for launch in build(torch.from_numpy(np.concatenate(parts))):
                 launch.run()

@@ -18,8 +18,8 @@ one contiguous region named in the TransferRequest (`staging_slots` > 0). Then:
    once the piece's shape was seen (Note [Staging graphs]); elsewhere by torch or numpy per
    block.
 2. Decode scatters the piece from the slot into its pools on its control thread
-   (synchronised before the next step), then answers RingFreed (slot). Prefill fills a slot only while it holds it: all
-   slots at first, and a slot again once its RingFreed arrived. A piece that finds no free
+   (synchronised before the next step), then answers RingFreed (slot). Prefill fills a slot
+   only while it holds it: all slots at first, and a slot again once its RingFreed arrived. A piece that finds no free
    slot waits (counted: `staging_ring_waits` on prefill, the Prometheus counter
    `pdc:kv_transfer_staging_ring_waits_total`), and the transfer worker sleeps until a
    message wakes it.

@@ -24,7 +24,7 @@ def _gpu(test):
 
 @pytest.fixture(params=["copy", "kernel", "mapped"])
 def graph_input(request):
-    """Both ways a replayed graph reads its pinned buffer (Note [Pinned graph input])."""
+    """Each way a replayed graph reads its pinned buffer (Note [Pinned graph input])."""
     knobs.override(graph_input=request.param)
     yield request.param
     knobs.reset()
@@ -148,8 +148,8 @@ def test_with_the_knob_off_every_call_goes_through_triton(llama):
 @_gpu
 def test_replays_queued_back_to_back_each_gather_their_own_items(llama, graph_input):
     # Note [Pinned graph input]: six gathers of one shape queued without a wait between them;
-    # each replay's values sit in a pinned buffer of the graph until its copy (or, mapped, its
-    # launches) ran, so a call must not overwrite them early.
+    # each replay's values sit in a pinned buffer of the graph until its copy node, its first
+    # kernel or (mapped) its launches ran, so a call must not overwrite them early.
     layout, plan = llama
     link = plan.links[1]
     pools = _pools(layout, plan, "prefill", link.prefill, "cuda:0", 5)
