@@ -190,21 +190,51 @@ KNOBS = {k.name: k for k in (
          "each side)"),
 )}
 
-_overrides: dict[str, float | int] = {}
+_overrides: dict[str, float | int | str] = {}
+
+
+def choices(knob: Knob) -> tuple[str, ...]:
+    """The values a knob takes when its unit lists them ("0/1", "copy/kernel/mapped")."""
+    parts = knob.unit.split("/")
+    return tuple(parts) if len(parts) > 1 and all(p.isalnum() for p in parts) else ()
 
 
 def get(name: str):
     knob = KNOBS[name]
     if name in _overrides:
-        return _overrides[name]
-    env = os.environ.get("PDC_" + name.upper())
-    if env is not None:
+        value, source = _overrides[name], f"knobs.override({name}=...)"
+    else:
+        env = os.environ.get("PDC_" + name.upper())
+        if env is None:
+            return knob.default
+        source = f"PDC_{name.upper()}"
         try:
-            return type(knob.default)(env)
+            value = type(knob.default)(env)
         except ValueError:
-            raise ValueError(f"PDC_{name.upper()}={env!r} is not a valid {knob.unit} value "
+            raise ValueError(f"{source}={env!r} is not a valid {knob.unit} value "
                              f"(default {knob.default})") from None
-    return knob.default
+    allowed = choices(knob)
+    if allowed and str(value) not in allowed:
+        raise ValueError(f"{source}={value!r} is not one of {', '.join(allowed)} "
+                         f"(default {knob.default})")
+    return value
+
+
+def errors() -> list[str]:
+    """Every knob set to a value it does not take, one message each. The endpoints refuse to
+    start on any (Note [Knobs checked at start]).
+
+    Note [Knobs checked at start]: knobs are read where they are needed, some only on a
+    request's path or inside a guarded step (a graph capture whose failure falls back to
+    plain launches), so a mistyped value could pass unnoticed or fail one request later. Both
+    endpoints read every knob once as they are built and refuse with all the bad values."""
+    found = []
+    for name in KNOBS:
+        try:
+            get(name)
+        except ValueError as exc:
+            found.append(str(exc))
+    return found
 
 
 def override(**values) -> None:

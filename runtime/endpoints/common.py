@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from .. import knobs
 from .. import wire as W
 from ..engines.base import TransferEngine
 from ..plan_types import Plan, RankId
@@ -57,6 +58,15 @@ def check_backend(plan: Plan, engine: TransferEngine) -> None:
             f"engine is {runs}; hint: lower the plan for '{engine.backend}' (its "
             "backend rules may refuse this topology) or run the "
             f"'{plan.topology.backend}' engine")
+
+
+def check_knobs() -> None:
+    """Refuse to start with a knob set to a value it does not take (Note [Knobs checked at
+    start] in runtime/knobs.py), naming every such knob at once."""
+    bad = knobs.errors()
+    if bad:
+        raise ValueError("; ".join(bad) + "; hint: fix or unset these (docs/knobs.md lists "
+                         "each knob's values)")
 
 
 def _peer_name(side: str, dp: int, rank: RankId, instance: str = "") -> str:

@@ -29,6 +29,7 @@ from .common import (
     PageState,
     _peer_name,
     check_backend,
+    check_knobs,
     no_signal,
 )
 from .faults import NO_FAULTS, Faults
@@ -52,6 +53,7 @@ class DecodeEndpoint(DecodeHandshake, DecodeLiveness, DecodeStaging):
         """`instance` names the decode server this rank belongs to, for prefill ranks that
         serve several that do not number themselves (Note [Decode instances])."""
         check_backend(plan, engine)
+        check_knobs()
         self.faults = faults  # Note [Fault hooks]; NO_FAULTS when serving
         self.metrics = metrics  # per-request records (runtime/metrics.py); None: log knob only
         self.rank_label = f"dp{dp_group}.pp{rank.pp}.tp{rank.tp}"

@@ -25,6 +25,7 @@ from .common import (
     KVPoll,
     RequestStats,
     check_backend,
+    check_knobs,
     no_signal,
 )
 from .faults import NO_FAULTS, Faults
@@ -49,6 +50,7 @@ class PrefillEndpoint(PrefillHandshake, PrefillControl, PrefillLiveness, Prefill
                  metrics: TransferMetrics | RecordBuffer | None = None,
                  faults: Faults = NO_FAULTS):
         check_backend(plan, engine)
+        check_knobs()
         self.faults = faults  # Note [Fault hooks]; NO_FAULTS when serving
         self.metrics = metrics  # per-request records (runtime/metrics.py); None: log knob only
         self.rank_label = f"dp{dp_group}.pp{rank.pp}.tp{rank.tp}"
