@@ -6,9 +6,11 @@
 # bench/arena_ring.py --cuda, 8K tokens through a 512 MiB arena with 64 MiB slots, the tree
 # before (ring pieces by torch ops per block) and after (ring pieces by the copy kernels),
 # alternating; (d) bench/endpoints_processes.py, direct 1K and 8K over cuda_ipc,
-# PDC_GRAPH_INPUT copy / kernel. Carried: .whl, build/gpurun/before (git archive of main
-# before the ring change). Outputs also in $OUT/results.tgz. From the repository root:
-#   BUDGET=360 bash bench/results/2026-12-07-gpu-ring/run.sh
+# PDC_GRAPH_INPUT copy / kernel; (e) the issue's table, the tree of 2026-12-03 against this
+# one. Carried: .whl, build/gpurun/before (git archive of main before the ring change, 313b1ed)
+# and build/gpurun/issue0 (git archive of ca0c239). Outputs also in $OUT/results.tgz. From
+# the repository root:
+#   BUDGET=560 bash bench/results/2026-12-07-gpu-ring/run.sh
 BUDGET=${BUDGET:-360}
 source "$(dirname "${BASH_SOURCE[0]}")/../gpu_call.sh"
 # QUICK=1 (little device time left): only (c) and (b)'s staging_host.py, one round each.
@@ -48,5 +50,25 @@ for mode in copy kernel; do
   pack "$mode" $?
   grep "^{'case'" $W/$mode.log | python3 -c "import ast,sys; [print('$mode', d['case'][9:], 'fixed %.2f ms %.2f submit_us %.0f' % (d['fixed_ms'], d['ms'], d['engine_submit_host_us'] or 0)) for d in map(ast.literal_eval, sys.stdin)]"
 done
+# (e) The issue's table: endpoints over cuda_ipc, direct 1K and 8K and staged 8K, the tree of
+# the day the issue was filed (build/gpurun/issue0, ca0c239, with its own bench) and this one,
+# alternating; each run prints its rows as it ends.
+table() {  # table TREE ROUND
+  local t=$(($(left) - 5)); [ $t -gt 110 ] && t=110
+  [ $t -lt 40 ] && { echo "table $1-$2 skipped"; return; }
+  if [ "$1" = issue0 ]; then
+    local I=$(shim "$T/build/gpurun/issue0")
+    PYTHONPATH="$I:/tmp/site" timeout $t python3 $T/build/gpurun/issue0/bench/endpoints_processes.py \
+      --engines cuda_ipc --cases tp1-tp1-direct,tp2-tp1-staged --tokens-list 1024,8192 --reps 20 \
+      --json $W/table-$1-$2.json > $W/table-$1-$2.log 2>&1
+  else
+    PYTHONPATH="$AFTER:/tmp/site" timeout $t python3 bench/endpoints_processes.py --engines cuda_ipc \
+      --pairs tp1-tp1-direct:1024,tp1-tp1-direct:8192,tp2-tp1-staged:8192 --reps 20 \
+      --json $W/table-$1-$2.json > $W/table-$1-$2.log 2>&1
+  fi
+  pack "table-$1-$2" $?
+  grep "^{'case'" $W/table-$1-$2.log | python3 -c "import ast,sys; [print('$1-$2', d['case'][9:], 'ms %.2f fixed %.2f ratio %.3f submit_us %.0f' % (d['ms'], d['fixed_ms'], d['ratio_to_engine'], d.get('engine_submit_host_us') or 0)) for d in map(ast.literal_eval, sys.stdin) if 'ms' in d]"
+}
+if [ -d "$T/build/gpurun/issue0" ]; then table issue0 1; table after 1; fi
 ring before 2 5; ring after 2 5
 cat $W/steps.txt
