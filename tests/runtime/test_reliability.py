@@ -201,12 +201,15 @@ def test_a_group_whose_slots_went_to_quarantine_ends_the_run_instead_of_hanging(
     """Note [Spent groups]: each freeze of prefill dp1 mid-transfer quarantines the decode
     slots of its requests in flight (no abort ack within abort_ack_timeout_s), and quarantined
     slots never come back. With 3 slots, decode runs out: the run ends there, clean, instead
-    of waiting for slots that cannot come."""
+    of waiting for slots that cannot come. A fault waits for a request in the middle of its
+    chunks on dp1, and each freeze sends the requests to dp0 until dp1 is back (~300 requests
+    over three freezes here): the run has requests to spare for a loaded box, where those
+    moments are rarer, and ends at the spent group long before its last."""
     faults = [Fault(at=a, action="stop", side="prefill", dp=1, resume_after_s=5.0)
               for a in (5, 15, 25, 35)]
-    r = run(RelConfig(spec=TINY, prefill="tp=1,dp=2", requests=400, abort_rate=0.0, slots=3,
+    r = run(RelConfig(spec=TINY, prefill="tp=1,dp=2", requests=2000, abort_rate=0.0, slots=3,
                       concurrency=3, faults=faults, knobs=dict(FAST, peer_dead_after_s=1.0)),
             out=io.StringIO())
     assert_clean(r)
     assert len(r.spent) == 1 and SPENT.fullmatch(r.spent[0]), r.summary()
-    assert r.quarantined >= 3 and r.requests < 400, r.summary()
+    assert r.quarantined >= 3 and r.requests < 2000, r.summary()
