@@ -13,7 +13,7 @@
 #   BUDGET=560 bash bench/results/2026-12-07-gpu-ring/run.sh
 BUDGET=${BUDGET:-360}
 source "$(dirname "${BASH_SOURCE[0]}")/../gpu_call.sh"
-# QUICK=1 (little device time left): only (c) and (b)'s staging_host.py, one round each.
+# QUICK=1 (little device time left): only (c), (b)'s staging_host.py and (e), one round each.
 QUICK=${QUICK:-0}
 if [ "$QUICK" != 1 ]; then
   (cd /tmp && PYTHONPATH="$AFTER:/tmp/site" timeout 80 python3 -m pytest -q -rA --tb=short \
@@ -40,8 +40,7 @@ fi
 PYTHONPATH="$AFTER:/tmp/site" timeout 40 python3 bench/staging_host.py --tokens 8192 --reps 30 \
   --modes copy,kernel,mapped,off --profile $((QUICK == 1 ? 0 : 10)) --json $W/host.json > $W/host.txt 2>&1
 pack host $?; grep -E '^(copy|kernel|mapped|off) ' $W/host.txt
-[ "$QUICK" = 1 ] && { cat $W/steps.txt; exit 0; }
-for mode in copy kernel; do
+for mode in $([ "$QUICK" = 1 ] || echo copy kernel); do
   t=$(($(left) - 10)); [ $t -gt 45 ] && t=45
   [ $t -lt 20 ] && { echo "$mode skipped"; continue; }
   PDC_GRAPH_INPUT=$mode PYTHONPATH="$AFTER:/tmp/site" timeout $t python3 bench/endpoints_processes.py \
@@ -70,5 +69,6 @@ table() {  # table TREE ROUND
   grep "^{'case'" $W/table-$1-$2.log | python3 -c "import ast,sys; [print('$1-$2', d['case'][9:], 'ms %.2f fixed %.2f ratio %.3f submit_us %.0f' % (d['ms'], d['fixed_ms'], d['ratio_to_engine'], d.get('engine_submit_host_us') or 0)) for d in map(ast.literal_eval, sys.stdin) if 'ms' in d]"
 }
 if [ -d "$T/build/gpurun/issue0" ]; then table issue0 1; table after 1; fi
+[ "$QUICK" = 1 ] && { cat $W/steps.txt; exit 0; }
 ring before 2 5; ring after 2 5
 cat $W/steps.txt
