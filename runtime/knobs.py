@@ -199,6 +199,9 @@ def choices(knob: Knob) -> tuple[str, ...]:
     return tuple(parts) if len(parts) > 1 and all(p.isalnum() for p in parts) else ()
 
 
+_CHOICES = {name: choices(k) for name, k in KNOBS.items()}  # get() runs on request paths
+
+
 def get(name: str):
     knob = KNOBS[name]
     if name in _overrides:
@@ -213,7 +216,7 @@ def get(name: str):
         except ValueError:
             raise ValueError(f"{source}={env!r} is not a valid {knob.unit} value "
                              f"(default {knob.default})") from None
-    allowed = choices(knob)
+    allowed = _CHOICES[name]
     if allowed and str(value) not in allowed:
         raise ValueError(f"{source}={value!r} is not one of {', '.join(allowed)} "
                          f"(default {knob.default})")

@@ -19,10 +19,10 @@ one contiguous region named in the TransferRequest (`staging_slots` > 0). Then:
    block.
 2. Decode scatters the piece from the slot into its pools on its control thread
    (synchronised before the next step), then answers RingFreed (slot). Prefill fills a slot
-   only while it holds it: all slots at first, and a slot again once its RingFreed arrived. A piece that finds no free
-   slot waits (counted: `staging_ring_waits` on prefill, the Prometheus counter
-   `pdc:kv_transfer_staging_ring_waits_total`), and the transfer worker sleeps until a
-   message wakes it.
+   only while it holds it: all slots at first, and a slot again once its RingFreed arrived.
+   A piece that finds no free slot waits (counted: `staging_ring_waits` on prefill, the
+   Prometheus counter `pdc:kv_transfer_staging_ring_waits_total`), and the transfer worker
+   sleeps until a message wakes it.
 3. Success follows the last RingFilled on the same control connection, so decode has
    scattered every piece when it sees it; it checks that the pieces brought exactly the
    bytes of the request's staging layout (none lost, none twice) before it succeeds.

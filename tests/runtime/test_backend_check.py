@@ -11,18 +11,23 @@ from ..compiler.planning import ROOT, plan_for
 LLAMA = ROOT / "specs" / "llama3-70b.yaml"
 
 
-@pytest.mark.parametrize("endpoint", [PrefillEndpoint, DecodeEndpoint])
-def test_plan_for_another_backend_is_refused_before_registering(endpoint):
-    layout, plan = plan_for(LLAMA, {"tp": 2}, {"tp": 1}, backend="mooncake")
+def refused_at_start(endpoint, layout, plan) -> str:
+    """The ValueError's message of `endpoint` built over the local engine with no pools and no
+    bootstrap server: the start-up checks come before anything is touched."""
     rank = plan.links[0].prefill if endpoint is PrefillEndpoint else plan.links[0].decode
     engine = LocalEngine()
     try:
         with pytest.raises(ValueError) as e:
-            # No pools and no bootstrap server: the check comes before anything is touched.
             endpoint(layout, None, plan, rank, 0, engine, None, "tcp://127.0.0.1:9")
     finally:
         engine.close()
-    assert str(e.value) == (
+    return str(e.value)
+
+
+@pytest.mark.parametrize("endpoint", [PrefillEndpoint, DecodeEndpoint])
+def test_plan_for_another_backend_is_refused_before_registering(endpoint):
+    layout, plan = plan_for(LLAMA, {"tp": 2}, {"tp": 1}, backend="mooncake")
+    assert refused_at_start(endpoint, layout, plan) == (
         "the plan was lowered for backend 'mooncake' but this endpoint's engine is 'local'; "
         "hint: lower the plan for 'local' (its backend rules may refuse this topology) or run "
         "the 'mooncake' engine")

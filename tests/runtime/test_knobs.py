@@ -6,11 +6,9 @@ from __future__ import annotations
 import pytest
 from pdc.runtime import knobs
 from pdc.runtime.endpoints import DecodeEndpoint, PrefillEndpoint
-from pdc.runtime.engines.local import LocalEngine
 
-from ..compiler.planning import ROOT, plan_for
-
-LLAMA = ROOT / "specs" / "llama3-70b.yaml"
+from ..compiler.planning import plan_for
+from .test_backend_check import LLAMA, refused_at_start
 
 
 def test_choices_come_from_the_unit():
@@ -59,15 +57,7 @@ def test_an_endpoint_refuses_to_start_on_a_bad_knob(endpoint, monkeypatch):
     monkeypatch.setenv("PDC_GRAPH_INPUT", "kernal")
     monkeypatch.setenv("PDC_STAGING_COPIES", "numpy")
     layout, plan = plan_for(LLAMA, {"tp": 1}, {"tp": 1}, backend="local")
-    rank = plan.links[0].prefill if endpoint is PrefillEndpoint else plan.links[0].decode
-    engine = LocalEngine()
-    try:
-        with pytest.raises(ValueError) as e:
-            # No pools and no bootstrap server: the check comes before anything is touched.
-            endpoint(layout, None, plan, rank, 0, engine, None, "tcp://127.0.0.1:9")
-    finally:
-        engine.close()
-    assert str(e.value) == (
+    assert refused_at_start(endpoint, layout, plan) == (
         "PDC_GRAPH_INPUT='kernal' is not one of copy, kernel, mapped (default copy); "
         "PDC_STAGING_COPIES='numpy' is not one of auto, torch, kernels (default auto); "
         "hint: fix or unset these (docs/knobs.md lists each knob's values)")
