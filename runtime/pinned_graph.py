@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from . import knobs
+from .cuda_streams import capture_stream
 
 GRAPH_INPUTS = ("copy", "kernel", "mapped")
 
@@ -46,7 +47,7 @@ def capture_graph(run, stream, device: torch.device) -> torch.cuda.CUDAGraph:
     captured may not be the legacy default) ordered after `stream`; the capture runs nothing.
     Raises what the capture raised."""
     graph = torch.cuda.CUDAGraph()
-    side = torch.cuda.Stream(device)
+    side = capture_stream(device)  # Note [Own streams]: no other thread queues work on it
     side.wait_stream(stream)
     try:
         with torch.cuda.stream(side):
@@ -104,7 +105,9 @@ class _Slot:
             run = build_run(like)
             src, dst, n = view.view(-1), like.view(-1), like.numel()
             grid = (max(1, -(-n // _BUS_BLOCK)),)
-            _bus_read[grid](dst, dst, 0, BLOCK=_BUS_BLOCK)  # compiled here, not in the capture
+            # Compiled here for the capture's own arguments (n = 0 reads nothing): a compile
+            # inside the capture would load a module there.
+            _bus_read[grid](src, dst, 0, BLOCK=_BUS_BLOCK)
 
             def with_read() -> None:
                 _bus_read[grid](src, dst, n, BLOCK=_BUS_BLOCK)

@@ -241,7 +241,9 @@ class LocalDeviceEngine(TransferEngine):
         key = (device, role)
         s = self._streams.get(key)
         if s is None:
-            s = self._streams[key] = torch.cuda.Stream(device=device)
+            from ..cuda_streams import own_stream  # torch is loaded (this engine's __init__)
+
+            s = self._streams[key] = own_stream(torch.device(device))  # Note [Own streams]
         return s
 
     def _ready_event(self, after):

@@ -47,7 +47,8 @@ def _back_to_back(descriptor_copy, graph_input):
     pages_of = dst.view(-1, page)
     for r, pages in enumerate(targets):
         assert torch.equal(pages_of[torch.from_numpy(pages).cuda()], src.view(-1, page)), r
-    assert descriptor_copy.graph_stats["captured"] == before["captured"] + 1
+    assert descriptor_copy.graph_stats["captured"] == before["captured"] + 1, \
+        descriptor_copy.graph_stats
     assert descriptor_copy.graph_stats["replayed"] == before["replayed"] + rounds - 2
     assert [g.mode for g in descriptor_copy._graphs.values()] == [graph_input]
 
@@ -98,3 +99,56 @@ def test_parts_that_do_not_fill_the_graph_input_are_refused():
     with pytest.raises(ValueError) as info:
         graph.put([np.array([1, 2]), np.array([3])])
     assert str(info.value) == "3 values for a graph input of 5"
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_captures_run_on_a_stream_of_their_own_while_another_thread_queues_on_the_pool():
+    # Note [Own streams]: another thread keeps queueing copies on every stream of torch's
+    # pool while this one captures graphs; a capture on a pool stream would sooner or later
+    # take one of those streams and fail (cudaErrorStreamCaptureIsolation).
+    import threading
+
+    from pdc.runtime.cuda_streams import capture_stream
+    from pdc.runtime.pinned_graph import PinnedGraph
+
+    dev = torch.device("cuda:0")
+    pool = [torch.cuda.Stream(dev) for _ in range(64)]  # every pool stream, twice
+    assert capture_stream(dev).cuda_stream not in {s.cuda_stream for s in pool}
+    others: list = []
+    done = threading.Event()
+
+    def queue_on_the_pool():
+        a = torch.ones(1 << 16, device=dev)
+        b = torch.empty_like(a)
+        try:
+            while not done.is_set():
+                for s in pool:
+                    with torch.cuda.stream(s):
+                        b.copy_(a)
+            others.append(capture_stream(dev).cuda_stream)
+        except RuntimeError as exc:  # the test reports it
+            others.append(exc)
+
+    thread = threading.Thread(target=queue_on_the_pool)
+    thread.start()
+    try:
+        values = torch.zeros(8, dtype=torch.int64, device=dev)
+        outs = []
+        for i in range(40):
+            out = torch.zeros(8, dtype=torch.int64, device=dev)
+
+            def build_run(v, out=out):
+                return lambda: out.copy_(v + 1)
+
+            graph = PinnedGraph(values, build_run, torch.cuda.current_stream(dev), dev, "copy")
+            graph.put([np.arange(8, dtype=np.int64) + i])
+            outs.append(out)
+        torch.cuda.synchronize(dev)
+        assert [o.tolist() for o in outs] == [list(range(i + 1, i + 9)) for i in range(40)]
+    finally:
+        done.set()
+        thread.join()
+    # the other thread's own capture stream is neither this thread's nor an error
+    assert others and not isinstance(others[0], Exception), others
+    assert others[0] != capture_stream(dev).cuda_stream

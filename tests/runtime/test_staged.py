@@ -32,7 +32,7 @@ PAGE = 4  # tokens per page of the tiny family
 # mode. Copy kernels on CPU tensors run in the Triton interpreter.
 POOLS = {"host": None, "torch-cpu": ("cpu", "cpu", "torch"),
          "kernels-cpu": ("cpu", "cpu", "kernels"), "cuda": ("cuda:0", "cuda:1", "auto"),
-         "cuda-torch": ("cuda:0", "cuda:1", "torch")}
+         "cuda-torch": ("cuda:0", "cuda:1", "torch"), "cuda-one": ("cuda:0", "cuda:0", "auto")}
 
 
 class Split:
@@ -126,9 +126,11 @@ def split(fam):
 
 def _pools_param(kind: str):
     marks = []
-    if kind.startswith("cuda"):
-        marks = [pytest.mark.gpu, pytest.mark.skipif(torch.cuda.device_count() < 2,
-                                                     reason="needs two CUDA devices")]
+    if kind.startswith("cuda"):  # "cuda-one": prefill and decode on one device
+        need = 1 if kind == "cuda-one" else 2
+        marks = [pytest.mark.gpu, pytest.mark.skipif(
+            torch.cuda.device_count() < need,
+            reason="needs a CUDA device" if need == 1 else "needs two CUDA devices")]
     return pytest.param(POOLS[kind], id=kind, marks=marks)
 
 

@@ -40,7 +40,7 @@ def fam():
 
 
 @pytest.fixture(params=[_pools_param(k) for k in ("host", "torch-cpu", "kernels-cpu", "cuda",
-                                                  "cuda-torch")])
+                                                  "cuda-torch", "cuda-one")])
 def ring_split(fam, request):
     _ring_knobs(staging_ring_slot_bytes=SLOT)
     s = Split(fam, decode_arena_bytes=ARENA, devices=request.param)

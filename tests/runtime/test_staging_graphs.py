@@ -122,7 +122,8 @@ def test_scatters_from_regions_anywhere_in_the_arena_on_the_cpu(llama):
 def test_a_gather_shape_seen_before_replays_its_graph(llama, graph_input):
     launches = _gather_three(*llama, "cuda:0")
     stats = launches.graphs.stats
-    assert (stats["launched"], stats["captured"], stats["replayed"]) == (2, 1, 1), stats
+    assert (stats["launched"], stats["captured"], stats["replayed"]) == (2, 1, 1), \
+        (stats, launches.graphs.last_capture_error)
     _graphs_read(launches, graph_input)
 
 
@@ -130,7 +131,8 @@ def test_a_gather_shape_seen_before_replays_its_graph(llama, graph_input):
 def test_a_scatter_shape_seen_before_replays_its_graph(llama, graph_input):
     launches = _scatter_three(*llama, "cuda:0")
     stats = launches.graphs.stats
-    assert (stats["launched"], stats["captured"], stats["replayed"]) == (2, 1, 1), stats
+    assert (stats["launched"], stats["captured"], stats["replayed"]) == (2, 1, 1), \
+        (stats, launches.graphs.last_capture_error)
     _graphs_read(launches, graph_input)
 
 
@@ -166,5 +168,6 @@ def test_replays_queued_back_to_back_each_gather_their_own_items(llama, graph_in
         region = arena[i * stride:i * stride + nbytes].cpu()
         assert torch.equal(region, _want_gather(link, blocks, pools, got, nbytes)), i
     stats = launches.graphs.stats
-    assert (stats["launched"], stats["captured"], stats["replayed"]) == (2, 1, 4), stats
+    assert (stats["launched"], stats["captured"], stats["replayed"]) == (2, 1, 4), \
+        (stats, launches.graphs.last_capture_error)
     _graphs_read(launches, graph_input)

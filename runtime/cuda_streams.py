@@ -1,0 +1,68 @@
+"""CUDA streams of pdc's own, outside torch's stream pool.
+
+Note [Own streams]: `torch.cuda.Stream()` hands out the streams of a per-device pool (32 per
+priority), round robin, to every caller in the process: the serving engine's own streams,
+pdc's engines' copies, a graph capture's side stream. Two callers can get the same stream.
+For copies that only orders them needlessly; for a capture it is an error: work that
+another thread queues on a stream this thread is capturing breaks the capture and fails
+that thread's call (an H100, 2026-12-07: a staging ring captures a graph per piece shape, so
+its captures went round the pool, and the local engine's write stream, waiting for a
+gather's event, was the stream a capture had, cudaErrorStreamCaptureIsolation; the request
+failed). So captures run on a stream of their own per thread and device, and the local
+engine copies on streams of its own: streams made by the driver (cuStreamCreate,
+non-blocking: no implicit order with the legacy default stream), which no caller of the pool
+gets, wrapped for torch by `torch.cuda.ExternalStream`. They live as long as the process.
+Where the driver cannot be reached, a pool stream serves (and a collision stays possible).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import torch
+
+_NON_BLOCKING = 1  # CU_STREAM_NON_BLOCKING
+_lock = threading.Lock()
+_driver: list = []  # [the driver, or None where it cannot be loaded], once loaded
+_per_thread = threading.local()
+
+
+def _cu():
+    with _lock:
+        if not _driver:
+            try:
+                cu = ctypes.CDLL("libcuda.so.1")
+                cu.cuStreamCreate.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
+                cu.cuCtxGetCurrent.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+                _driver.append(cu)
+            except (OSError, AttributeError):
+                _driver.append(None)
+        return _driver[0]
+
+
+def own_stream(device: torch.device):
+    """A new stream on `device` that torch's pool gives no one else (Note [Own streams])."""
+    cu = _cu()
+    if cu is not None:
+        with torch.cuda.device(device):
+            # A runtime call on the device makes its primary context current on this thread,
+            # which cuStreamCreate creates the stream in.
+            torch.cuda.current_stream(device).query()
+            ctx, handle = ctypes.c_void_p(), ctypes.c_void_p()
+            if cu.cuCtxGetCurrent(ctypes.byref(ctx)) == 0 and ctx.value and \
+                    cu.cuStreamCreate(ctypes.byref(handle), _NON_BLOCKING) == 0 and handle.value:
+                return torch.cuda.ExternalStream(handle.value, device=device)
+    return torch.cuda.Stream(device)
+
+
+def capture_stream(device: torch.device):
+    """This thread's stream for capturing graphs on `device` (Note [Own streams])."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    streams = getattr(_per_thread, "streams", None)
+    if streams is None:
+        streams = _per_thread.streams = {}
+    stream = streams.get(index)
+    if stream is None:
+        stream = streams[index] = own_stream(torch.device("cuda", index))
+    return stream
