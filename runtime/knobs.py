@@ -129,11 +129,11 @@ KNOBS = {k.name: k for k in (
     Knob("staging_graphs", 1, "0/1", "1: the staged path's copy-kernel launches of one "
          "gather or scatter whose shape ran before on the same stream replay as one CUDA graph "
          "(Note [Staging graphs] in runtime/staging_graphs.py); 0: every launch through Triton"),
-    Knob("graph_input", "copy", "copy/kernel/mapped", "how a replayed copy-kernel graph reads "
-         "its per-call values from its pinned buffer (Note [Pinned graph input] in "
-         "runtime/pinned_graph.py): copy = the graph's first node copies them to the device; "
-         "kernel = its first node is a kernel reading them across the bus; mapped = every "
-         "launch reads them across the bus"),
+    Knob("graph_input", "kernel", "copy/kernel/mapped", "how a replayed copy-kernel graph "
+         "reads its per-call values from its pinned buffer (Note [Pinned graph input] in "
+         "runtime/pinned_graph.py): kernel = its first node is a kernel reading them across "
+         "the bus; copy = its first node copies them to the device; mapped = every launch "
+         "reads them across the bus"),
     Knob("staging_copies", "auto", "auto/torch/kernels", "how the staged path copies on "
          "device pools (pools.TensorPools): kernels = one copy-kernel launch per component "
          "and run of items, torch = one indexing op per staging block; auto = kernels on "

@@ -10,9 +10,11 @@ How the launches reach the buffer is the `graph_input` knob:
 - "copy": the host-to-device copy of the buffer into a device buffer is the graph's first node,
   and the launches read the device buffer. The buffer may be rewritten once that copy has read
   it.
-- "kernel": the graph's first node is a small kernel that reads the pinned buffer across the
-  bus (a pinned block is addressable from the device) into the device buffer: kernel nodes
-  only, which launch faster than a graph with a copy node (BENCHMARKS.md (aa)).
+- "kernel" (the default): the graph's first node is a small kernel that reads the pinned
+  buffer across the bus (a pinned block is addressable from the device) into the device
+  buffer: kernel nodes only, which launch faster than a graph with a copy node, and the
+  launches read device memory (an H100: a gather's host time 61 -> 46 µs against "copy",
+  GPU time within 1 %; BENCHMARKS.md (aa)).
 - "mapped": the launches read the pinned buffer themselves, no first node (an H100: replay
   and event 7.6 -> 5.7 µs); but every program reads its values across the bus, which slowed
   the kernels (scatter +5 %, a direct 8K request +0.1-0.2 ms; BENCHMARKS.md (aa)).

@@ -19,13 +19,13 @@ def test_choices_come_from_the_unit():
 
 
 def test_a_listed_value_passes_and_another_is_refused(monkeypatch):
-    monkeypatch.setenv("PDC_GRAPH_INPUT", "kernel")
-    assert knobs.get("graph_input") == "kernel"
+    monkeypatch.setenv("PDC_GRAPH_INPUT", "mapped")
+    assert knobs.get("graph_input") == "mapped"
     monkeypatch.setenv("PDC_GRAPH_INPUT", "kernal")
     with pytest.raises(ValueError) as e:
         knobs.get("graph_input")
     assert str(e.value) == ("PDC_GRAPH_INPUT='kernal' is not one of copy, kernel, mapped "
-                            "(default copy)")
+                            "(default kernel)")
     monkeypatch.setenv("PDC_STAGING_GRAPHS", "2")
     with pytest.raises(ValueError) as e:
         knobs.get("staging_graphs")
@@ -48,7 +48,7 @@ def test_errors_gathers_every_bad_knob(monkeypatch):
     monkeypatch.setenv("PDC_TRANSFER_TIMEOUT_S", "soon")
     assert knobs.errors() == [
         "PDC_TRANSFER_TIMEOUT_S='soon' is not a valid s value (default 60.0)",
-        "PDC_GRAPH_INPUT='kernal' is not one of copy, kernel, mapped (default copy)",
+        "PDC_GRAPH_INPUT='kernal' is not one of copy, kernel, mapped (default kernel)",
     ]
 
 
@@ -58,6 +58,6 @@ def test_an_endpoint_refuses_to_start_on_a_bad_knob(endpoint, monkeypatch):
     monkeypatch.setenv("PDC_STAGING_COPIES", "numpy")
     layout, plan = plan_for(LLAMA, {"tp": 1}, {"tp": 1}, backend="local")
     assert refused_at_start(endpoint, layout, plan) == (
-        "PDC_GRAPH_INPUT='kernal' is not one of copy, kernel, mapped (default copy); "
+        "PDC_GRAPH_INPUT='kernal' is not one of copy, kernel, mapped (default kernel); "
         "PDC_STAGING_COPIES='numpy' is not one of auto, torch, kernels (default auto); "
         "hint: fix or unset these (docs/knobs.md lists each knob's values)")
