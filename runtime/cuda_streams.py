@@ -18,27 +18,25 @@ Where the driver cannot be reached, a pool stream serves (and a collision stays 
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 
 import torch
 
 _NON_BLOCKING = 1  # CU_STREAM_NON_BLOCKING
-_lock = threading.Lock()
-_driver: list = []  # [the driver, or None where it cannot be loaded], once loaded
 _per_thread = threading.local()
 
 
+@functools.cache
 def _cu():
-    with _lock:
-        if not _driver:
-            try:
-                cu = ctypes.CDLL("libcuda.so.1")
-                cu.cuStreamCreate.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
-                cu.cuCtxGetCurrent.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
-                _driver.append(cu)
-            except (OSError, AttributeError):
-                _driver.append(None)
-        return _driver[0]
+    """The CUDA driver, or None where it cannot be loaded."""
+    try:
+        cu = ctypes.CDLL("libcuda.so.1")
+        cu.cuStreamCreate.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
+        cu.cuCtxGetCurrent.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+    except (OSError, AttributeError):
+        return None
+    return cu
 
 
 def own_stream(device: torch.device):

@@ -21,6 +21,22 @@ BEFORE=""; [ -d "$T/build/gpurun/before" ] && BEFORE=$(shim "$T/build/gpurun/bef
 { date -u; nvidia-smi --query-gpu=name,driver_version --format=csv; nproc; uptime
   PYTHONPATH="$AFTER:/tmp/site" python3 -c "import sys, torch, triton, numpy; print(sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__)"; } > $W/env.txt 2>&1
 cat $W/env.txt
+# ring TREE ROUND RESERVE_S: bench/arena_ring.py --cuda, 8K tokens through a 512 MiB arena
+# with 64 MiB slots, over TREE (before: BEFORE's shim, else AFTER's), at most 70 s and skipped
+# when fewer than RESERVE_S + 20 are left; its rows printed, its JSON and output packed.
+ring() {
+  local P=$AFTER; [ "$1" = before ] && P=$BEFORE
+  local t=$(($(left) - $3)); [ $t -gt 70 ] && t=70
+  [ $t -lt 20 ] && { echo "ring $1-$2 skipped"; return; }
+  PYTHONPATH="$P:/tmp/site" timeout $t python3 bench/arena_ring.py --cuda --tokens 8192 --reps 3 \
+    --no-direct --arena $((512 << 20)) --slot-bytes $((64 << 20)) --json $W/ring-$1-$2.json \
+    > $W/ring-$1-$2.txt 2>&1
+  pack "ring-$1-$2" $?; grep -E "arena|checks" $W/ring-$1-$2.txt | cut -c1-300 | sed "s/^/ring $1-$2 /"
+}
+# endpoint_rows LABEL LOG: the rows bench/endpoints_processes.py printed to LOG, one line each
+endpoint_rows() {
+  grep "^{'case'" "$2" | python3 -c "import ast,sys; [print('$1', d['case'][9:], 'ms %.2f fixed %.2f ratio %.3f submit_us %.0f' % (d['ms'], d['fixed_ms'], d['ratio_to_engine'], d.get('engine_submit_host_us') or 0)) for d in map(ast.literal_eval, sys.stdin) if 'ms' in d]"
+}
 # endpoints_ab ROUNDS RESERVE_S MOST_S: bench/endpoints_processes.py over cuda_ipc, direct 1K
 # and 8K, 50 requests a case, the BEFORE and AFTER trees alternating ROUNDS times; a run gets
 # at most MOST_S seconds and is skipped when fewer than RESERVE_S + 30 are left; each run's

@@ -22,15 +22,6 @@ if [ "$QUICK" != 1 ]; then
     $T/tests/runtime/engines/test_cuda_ipc.py $T/tests/runtime/test_staged_ring.py) > $W/gpu-tests.txt 2>&1
   pack gpu-tests $?; grep -E "^(FAILED|ERROR)|passed|failed" $W/gpu-tests.txt | tail -8
 fi
-ring() {  # ring TREE ROUND
-  local P=$AFTER; [ "$1" = before ] && P=$BEFORE
-  local t=$(($(left) - $3)); [ $t -gt 70 ] && t=70
-  [ $t -lt 20 ] && { echo "ring $1-$2 skipped"; return; }
-  PYTHONPATH="$P:/tmp/site" timeout $t python3 bench/arena_ring.py --cuda --tokens 8192 --reps 3 \
-    --no-direct --arena $((512 << 20)) --slot-bytes $((64 << 20)) --json $W/ring-$1-$2.json \
-    > $W/ring-$1-$2.txt 2>&1
-  pack "ring-$1-$2" $?; grep -E "arena|checks" $W/ring-$1-$2.txt | sed "s/^/ring $1-$2 /"
-}
 ring before 1 $((QUICK == 1 ? 45 : 140)); ring after 1 $((QUICK == 1 ? 45 : 140))
 if [ "$QUICK" != 1 ]; then
   PYTHONPATH="$AFTER:/tmp/site" timeout 30 python3 bench/staging_python.py --reps 300 \
@@ -66,7 +57,7 @@ table() {  # table TREE ROUND
       --json $W/table-$1-$2.json > $W/table-$1-$2.log 2>&1
   fi
   pack "table-$1-$2" $?
-  grep "^{'case'" $W/table-$1-$2.log | python3 -c "import ast,sys; [print('$1-$2', d['case'][9:], 'ms %.2f fixed %.2f ratio %.3f submit_us %.0f' % (d['ms'], d['fixed_ms'], d['ratio_to_engine'], d.get('engine_submit_host_us') or 0)) for d in map(ast.literal_eval, sys.stdin) if 'ms' in d]"
+  endpoint_rows "$1-$2" $W/table-$1-$2.log
 }
 if [ -d "$T/build/gpurun/issue0" ]; then table issue0 1; table after 1; fi
 [ "$QUICK" = 1 ] && { cat $W/steps.txt; exit 0; }

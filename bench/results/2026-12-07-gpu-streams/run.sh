@@ -16,15 +16,6 @@ source "$(dirname "${BASH_SOURCE[0]}")/../gpu_call.sh"
   $T/tests/runtime/test_pinned_graph.py $T/tests/runtime/test_staging_graphs.py \
   $T/tests/runtime/test_staged_ring.py $T/tests/runtime/test_staged.py) > $W/gpu-tests.txt 2>&1
 pack gpu-tests $?; grep -E "^(FAILED|ERROR|PASSED)|passed|failed|Error" $W/gpu-tests.txt | cut -c1-400 | tail -40
-ring() {  # ring TREE ROUND RESERVE_S
-  local P=$AFTER; [ "$1" = before ] && P=$BEFORE
-  local t=$(($(left) - $3)); [ $t -gt 70 ] && t=70
-  [ $t -lt 20 ] && { echo "ring $1-$2 skipped"; return; }
-  PYTHONPATH="$P:/tmp/site" timeout $t python3 bench/arena_ring.py --cuda --tokens 8192 --reps 3 \
-    --no-direct --arena $((512 << 20)) --slot-bytes $((64 << 20)) --json $W/ring-$1-$2.json \
-    > $W/ring-$1-$2.txt 2>&1
-  pack "ring-$1-$2" $?; grep -E "arena|checks" $W/ring-$1-$2.txt | cut -c1-300 | sed "s/^/ring $1-$2 /"
-}
 ring after 1 200; ring before 1 140
 PYTHONPATH="$AFTER:/tmp/site" timeout 40 python3 bench/staging_host.py --tokens 8192 --reps 30 \
   --modes copy,kernel,mapped,off --profile 0 --json $W/host.json > $W/host.txt 2>&1
@@ -35,7 +26,7 @@ if [ $t -ge 40 ]; then
     --pairs tp1-tp1-direct:1024,tp1-tp1-direct:8192,tp2-tp1-staged:8192 --reps 20 \
     --json $W/table.json > $W/table.log 2>&1
   pack table $?
-  grep "^{'case'" $W/table.log | python3 -c "import ast,sys; [print('table', d['case'][9:], 'ms %.2f fixed %.2f ratio %.3f submit_us %.0f' % (d['ms'], d['fixed_ms'], d['ratio_to_engine'], d.get('engine_submit_host_us') or 0)) for d in map(ast.literal_eval, sys.stdin) if 'ms' in d]"
+  endpoint_rows table $W/table.log
 fi
 ring after 2 5
 cat $W/steps.txt
