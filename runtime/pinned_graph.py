@@ -35,8 +35,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
-import triton
 import triton.language as tl
+from triton.runtime.jit import JITFunction
 
 from . import knobs
 from .cuda_streams import capture_stream
@@ -79,12 +79,18 @@ def mapped_view(host: torch.Tensor, device: torch.device) -> torch.Tensor | None
     return view
 
 
-@triton.jit(do_not_specialize=["n"])
-def _bus_read(src, dst, n, BLOCK: tl.constexpr):
+def _bus_read_fn(src, dst, n, BLOCK: tl.constexpr):
     """dst[:n] = src[:n], where src is a pinned buffer read across the bus."""
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     keep = i < n
     tl.store(dst + i, tl.load(src + i, mask=keep), mask=keep)
+
+
+# A JITFunction built directly, as copy_kernels' is: triton.jit returns an interpreter object
+# whenever TRITON_INTERPRET=1 was set before this import, and an interpreted launch copies its
+# tensors to the host, which a capture refuses (the "kernel" captures failed so in a GPU test
+# run whose collection had imported a test module that set the variable).
+_bus_read = JITFunction(_bus_read_fn, do_not_specialize=["n"])
 
 
 _BUS_BLOCK = 1024

@@ -14,12 +14,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import torch
+
+# Only where no GPU is: set in a GPU run, it would turn every Triton kernel that a later test
+# module imports into the interpreter's (which copies its tensors to the host).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import numpy as np
 import pytest
-import torch
 from page_engine import IpcPageEngine, PageCopy, PageEngine, page_copies
 from pdc.runtime.datapath import LocalBuffer, RemoteBuffer
 from pdc.runtime.engines import BatchState, DescriptorError, TransferError, make_engine

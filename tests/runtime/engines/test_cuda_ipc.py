@@ -18,11 +18,15 @@ import subprocess
 import threading
 import time
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import torch
+
+# Only where no GPU is: set in a GPU run, it would turn every Triton kernel that a later test
+# module imports into the interpreter's (which copies its tensors to the host).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import numpy as np
 import pytest
-import torch
 from pdc.runtime.engines import BatchState, DescriptorError, TransferError, make_engine
 from pdc.runtime.engines.base import DescriptorGrid
 from pdc.runtime.engines.cuda_ipc import MAPPINGS, CudaIpcEngine
@@ -372,6 +376,40 @@ def _gpu_reader(conn, size):
 
 @pytest.mark.gpu
 @needs_cuda
+def test_gpu_the_completion_thread_sleeps_while_a_write_is_in_flight():
+    # Note [Completion wake-up]: the write waits behind ~50 ms of GPU work on the caller's
+    # stream; the completion thread must wait for it asleep (synchronising the batch's own
+    # event would spin a core: the process's CPU time would be the whole wait).
+    import resource
+
+    def cpu_s() -> float:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+
+    a, b = CudaIpcEngine("cuda:0"), CudaIpcEngine("cuda:0")
+    woken = threading.Event()
+    assert a.on_completion(woken.set)
+    src = torch.randint(0, 256, (1 << 20,), dtype=torch.uint8, device="cuda:0")
+    dst = torch.zeros(1 << 20, dtype=torch.uint8, device="cuda:0")
+    a.register_tensor(src)
+    b.register_tensor(dst)
+    name = a.connect(b.agent_info())
+    torch.cuda._sleep(100_000_000)
+    batch = a.submit_write(name, np.array([src.data_ptr()]), np.array([dst.data_ptr()]),
+                           np.array([1 << 20]))
+    wall, cpu = time.monotonic(), cpu_s()
+    assert woken.wait(30)
+    wall, cpu = time.monotonic() - wall, cpu_s() - cpu
+    assert a.poll(batch) == BatchState.DONE
+    assert torch.equal(src, dst)
+    assert wall > 0.01, f"the write did not wait for the GPU work ({wall * 1e3:.1f} ms)"
+    assert cpu < 0.5 * wall, f"{cpu * 1e3:.1f} ms of CPU in a {wall * 1e3:.1f} ms wait"
+    a.close()
+    b.close()
+
+
+@pytest.mark.gpu
+@needs_cuda
 def test_gpu_repeated_shape_replays_a_graph_and_wakes_the_waiter():
     # Note [Descriptor-copy graphs] and Note [Completion wake-up]: the same shape four times
     # with fresh bytes and fresh pages each time; the second is captured, the third and fourth
@@ -470,6 +508,8 @@ def test_completion_thread_wakes_after_each_batch_event(monkeypatch):
 
     eng = CudaIpcEngine("cpu")
     monkeypatch.setattr(eng, "_cuda", True)
+    # the wait itself (a blocking-sync event behind each one) is the GPU test's
+    monkeypatch.setattr(eng, "_sleep_until", lambda ev: ev.synchronize())
     woken = []
     assert eng.on_completion(lambda: woken.append("a"))
     assert eng.on_completion(lambda: woken.append("b"))
