@@ -129,3 +129,30 @@ def test_endpoints_move_blocks_between_engine_tensors_in_place(tight):
         dec.close()
         pre.close()
         boot.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_pools_wait_for_their_stream_asleep():
+    # pools.sleep_until_idle (TensorPools.sync, EnginePools.sync): behind ~50 ms of GPU work
+    # the waiting thread sleeps; a stream synchronize would spin it for the whole wait.
+    import resource
+    import time
+
+    from pdc.runtime.pools import sleep_until_idle
+
+    def cpu_s() -> float:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+
+    device = torch.device("cuda:0")
+    x = torch.zeros(1, device=device)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(100_000_000)
+    x += 1
+    wall, cpu = time.monotonic(), cpu_s()
+    sleep_until_idle(device)
+    wall, cpu = time.monotonic() - wall, cpu_s() - cpu
+    assert x.item() == 1.0
+    assert wall > 0.01, f"the wait did not wait for the GPU work ({wall * 1e3:.1f} ms)"
+    assert cpu < 0.5 * wall, f"{cpu * 1e3:.1f} ms of CPU in a {wall * 1e3:.1f} ms wait"
