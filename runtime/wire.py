@@ -71,11 +71,10 @@ from .wire_messages import (
     Section,
     Status,
     TransferRequest,
-    WireComponent,
     WireError,
-    registration_sections,
 )
 from .wire_ring import MAX_RING_BLOCKS, RingFilled, RingFreed
+from .wire_sections import WireComponent, registration_sections
 
 __all__ = [
     "ENTRY_BYTES",

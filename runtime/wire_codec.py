@@ -40,15 +40,12 @@ from .wire_messages import (
     Section,
     Status,
     TransferRequest,
-    WireComponent,
     WireError,
-    _check_entry_order,
-    _check_sections,
     _enum,
-    _names,
     _uint,
 )
 from .wire_ring import MAX_RING_BLOCKS, RingFilled, RingFreed
+from .wire_sections import WireComponent, _check_entry_order, _check_sections, _names
 
 # ~~~ Reader / Writer ~~~
 
