@@ -5,7 +5,8 @@ both processes): decode's init() and message handler, prefill's message handler,
 check, component pairs, descriptor build, gather, submit and Success reply, decode's scatter,
 and the engine's submit_write. With `TRACE_FINE=1` the cuda_ipc submit's own steps too (the
 peer's liveness, the grid checks, the rows' translation, the queueing, the launch, the written
-event). Each stamp keeps the thread's CPU time beside the wall time, so a step that waits (for
+event); `TRACE_EXTRA=module:Owner.name,...` stamps more functions or methods by name. Each
+stamp keeps the thread's CPU time beside the wall time, so a step that waits (for
 the GIL, in a system call) shows as wall time above its CPU time. Each process writes its
 stamps to `TRACE_OUT.<pid>.json` at exit (with `TRACE_PROFILE=1` also
 `TRACE_OUT.<pid>.prof.txt`: cProfile inside each thread's outermost wrapped step, the wall
@@ -110,6 +111,14 @@ def install() -> None:
         gr.LaunchGraphs.__init__ = kept
     except ImportError:  # a tree from before the graphs
         pass
+    # TRACE_EXTRA="module:Owner.name,module:name,...": more steps, each stamped as its name
+    for spec in filter(None, os.environ.get("TRACE_EXTRA", "").split(",")):
+        mod, _, path = spec.partition(":")
+        owner = importlib.import_module(mod)
+        *outer, name = path.split(".")
+        for part in outer:
+            owner = getattr(owner, part)
+        _wrap(owner, name, path)
     eng = os.environ.get("TRACE_ENGINE_CLS")
     if eng:
         mod, cls = eng.rsplit(".", 1)
