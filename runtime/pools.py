@@ -128,11 +128,12 @@ class TensorPools(RankPools):
 
 
 def sleep_until_idle(device) -> None:
-    """Wait, asleep, until the work queued on `device`'s current stream has run. A stream's or
-    a default event's synchronize spins the calling thread (the driver's default scheduling
-    with fewer contexts than cores; an H100, 2026-12-07: a 50 ms wait took 50 ms of CPU, a
-    blocking-sync event's 0.1 ms; Note [Completion wake-up] in engines/cuda_ipc.py), so the
-    wait is on a blocking-sync event recorded behind that work."""
+    """Wait, asleep, until the work queued on `device`'s current stream has run. Under the
+    driver's default scheduling (fewer contexts than cores) a synchronize spins the calling
+    thread: an H100, 2026-12-07, a default event's 50 ms wait took 50 ms of CPU, a
+    blocking-sync event's 0.1 ms (Note [Completion wake-up] in engines/cuda_ipc.py); a
+    stream's synchronize follows the same scheduling. So the wait is on a blocking-sync event
+    recorded behind that work."""
     import torch
 
     done = torch.cuda.Event(blocking=True)

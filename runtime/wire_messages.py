@@ -208,8 +208,8 @@ def _plain(values: tuple, bounds: tuple) -> bool:
     only a message that fails it takes the per-field checks, which name the bad field and turn
     numpy integers into ints. Each message runs it twice on a request's path, where it is
     built and where it is decoded; on the 2-core box (bench/request_steps.py, 8K, before /
-    after in one run) TransferRequest() 8.8 -> 7.7-8.0 µs and its decoding 13.7 -> 12.9 µs,
-    Status() 5.9 -> 3.8 µs (timeit)."""
+    after in one run) TransferRequest() 8.8 -> 7.7-8.0 µs and its decoding 13.7 -> 12.9 µs
+    (bench/results/2026-12-07-cpu-wire)."""
     for v, (lo, hi) in zip(values, bounds, strict=True):
         if type(v) is not int or not lo <= v <= hi:
             return False
