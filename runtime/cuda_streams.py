@@ -1,4 +1,4 @@
-"""CUDA streams of pdc's own, outside torch's stream pool.
+"""CUDA streams of pdc's own, outside torch's stream pool, and waits for GPU work that sleep.
 
 Note [Own streams]: `torch.cuda.Stream()` hands out the streams of a per-device pool (32 per
 priority), round robin, to every caller in the process: the serving engine's own streams,
@@ -13,6 +13,14 @@ engine copies on streams of its own: streams made by the driver (cuStreamCreate,
 non-blocking: no implicit order with the legacy default stream), which no caller of the pool
 gets, wrapped for torch by `torch.cuda.ExternalStream`. They live as long as the process.
 Where the driver cannot be reached, a pool stream serves (and a collision stays possible).
+
+Note [Sleeping waits]: under the driver's default scheduling (fewer contexts than cores) a
+host thread that synchronises a stream, a default event or an interprocess event spins until
+the work is done, blocking flag or not: an H100, 2026-12-07 (BENCHMARKS.md (ab)), a 50 ms
+wait took 50 ms of CPU on an interprocess or default event and 0.1 ms on a blocking-sync
+one. So pdc's events that a host may wait on are made blocking-sync, and a wait for work it
+does not own an event of that kind for (a stream's queue: `sleep_until_idle`; an
+interprocess event: `sleep_until`) waits on a blocking-sync event recorded behind it.
 """
 
 from __future__ import annotations
@@ -64,3 +72,32 @@ def capture_stream(device: torch.device):
     if stream is None:
         stream = streams[index] = own_stream(torch.device("cuda", index))
     return stream
+
+
+def sleep_until_idle(device: torch.device) -> None:
+    """Return once the work queued so far on `device`'s current stream has run, asleep
+    meanwhile (Note [Sleeping waits])."""
+    done = torch.cuda.Event(blocking=True)
+    done.record(torch.cuda.current_stream(device))
+    done.synchronize()
+
+
+def sleep_until(event, device: torch.device) -> None:
+    """Return once `event` (of `device`) has completed, asleep meanwhile (Note [Sleeping
+    waits]): this thread's stream waits for it and a blocking-sync event behind that is
+    waited for."""
+    if event.query():
+        return
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    waits = getattr(_per_thread, "waits", None)
+    if waits is None:
+        waits = _per_thread.waits = {}
+    got = waits.get(index)
+    if got is None:
+        got = waits[index] = (own_stream(torch.device("cuda", index)),
+                              torch.cuda.Event(blocking=True))
+    stream, wake = got
+    with torch.cuda.device(index):
+        stream.wait_event(event)
+        wake.record(stream)
+    wake.synchronize()

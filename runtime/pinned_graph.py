@@ -135,7 +135,7 @@ class _Slot:
                 self.copy_inside = True
             except Exception:  # noqa: BLE001 - the launches alone, the copy queued per call
                 self.graph = capture_graph(run, stream, device)
-        self.read = torch.cuda.Event(blocking=True)  # a wait on it sleeps (pools.sleep_until_idle)
+        self.read = torch.cuda.Event(blocking=True)  # Note [Sleeping waits]
         self.replayed = False
 
 

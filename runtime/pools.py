@@ -124,21 +124,9 @@ class TensorPools(RankPools):
 
     def sync(self) -> None:
         if self.device.type == "cuda":
+            from .cuda_streams import sleep_until_idle
+
             sleep_until_idle(self.device)
-
-
-def sleep_until_idle(device) -> None:
-    """Wait, asleep, until the work queued on `device`'s current stream has run. Under the
-    driver's default scheduling (fewer contexts than cores) a synchronize spins the calling
-    thread: an H100, 2026-12-07, a default event's 50 ms wait took 50 ms of CPU, a
-    blocking-sync event's 0.1 ms (Note [Completion wake-up] in engines/cuda_ipc.py); a
-    stream's synchronize follows the same scheduling. So the wait is on a blocking-sync event
-    recorded behind that work."""
-    import torch
-
-    done = torch.cuda.Event(blocking=True)
-    done.record(torch.cuda.current_stream(device))
-    done.synchronize()
 
 
 def address(buf) -> int:
@@ -306,6 +294,8 @@ class EnginePools(RankPools):
 
     def sync(self) -> None:
         if self.device is not None and self.device.type == "cuda":
+            from .cuda_streams import sleep_until_idle
+
             sleep_until_idle(self.device)
 
     def view(self, component: str, pos: int):

@@ -53,7 +53,7 @@ def _scatter_event(pools: RankPools):
         return None
     import torch
 
-    ev = torch.cuda.Event(blocking=True)  # a wait on it sleeps (pools.sleep_until_idle)
+    ev = torch.cuda.Event(blocking=True)  # Note [Sleeping waits]
     ev.record(torch.cuda.current_stream(device))
     return ev
 

@@ -33,7 +33,7 @@ import threading
 import numpy as np
 
 from .. import descriptor_copy, knobs
-from ..cuda_streams import own_stream
+from ..cuda_streams import sleep_until
 from .base import (
     ROWS_KEPT,
     Batch,
@@ -221,7 +221,6 @@ class CudaIpcEngine(LocalDeviceEngine):
         self._callbacks: list = []  # Note [Completion wake-up]
         self._ended: queue.SimpleQueue | None = None  # done events for the completion thread
         self._waiter: threading.Thread | None = None
-        self._wake: tuple | None = None  # the completion thread's (stream, blocking-sync event)
         self._ready = None  # the ready event `_queue` records again per write
         # Note [Success by event]: done events made interprocess, and those whose handles went
         # out kept alive (bounded) past their batches, for the peer that opened them
@@ -234,13 +233,11 @@ class CudaIpcEngine(LocalDeviceEngine):
     def on_completion(self, callback) -> bool:
         """Note [Completion wake-up] on a GPU: one thread of the engine waits on each batch's
         CUDA event and calls the callbacks when it has completed, so the endpoints' worker
-        sleeps until then instead of polling every poll_sleep_s. It waits on a blocking-sync
-        event of its own, recorded on a stream of its own behind the batch's: the driver spins
-        a thread that synchronises an interprocess event (Note [Success by event]) or one of
-        default flags, blocking flag or not (an H100, 2026-12-07: 50 ms of CPU time in a
-        50 ms wait; a blocking-sync event alone 0.1 ms), so a synchronise on the batch's own
-        event would burn a core for the whole transfer. Without CUDA (the memfd test driver)
-        batches end inside submit_write, and nobody needs waking."""
+        sleeps until then instead of polling every poll_sleep_s. It waits asleep (Note
+        [Sleeping waits] in runtime/cuda_streams.py: a synchronise on the batch's own event,
+        interprocess for Note [Success by event], would spin a core for the whole transfer).
+        Without CUDA (the memfd test driver) batches end inside submit_write, and nobody
+        needs waking."""
         if not self._cuda:
             return False
         with self._ipc_lock:
@@ -259,25 +256,11 @@ class CudaIpcEngine(LocalDeviceEngine):
                 return
             for ev in events:
                 try:
-                    self._sleep_until(ev)
+                    sleep_until(ev, self.device)
                 except RuntimeError:
                     pass  # poll() reports the CUDA error on the batch
             for cb in list(self._callbacks):
                 cb()
-
-    def _sleep_until(self, ev) -> None:
-        """Return once `ev` has completed, asleep meanwhile (Note [Completion wake-up]): a
-        blocking-sync event recorded, on the completion thread's own stream, behind it."""
-        if ev.query():
-            return
-        torch = _device_modules()
-        if self._wake is None:
-            self._wake = (own_stream(self.device), torch.cuda.Event(blocking=True))
-        stream, wake = self._wake
-        with torch.cuda.device(self.device):
-            stream.wait_event(ev)
-            wake.record(stream)
-        wake.synchronize()
 
     def _watch(self, batch: Batch) -> Batch:
         if self._ended is not None and batch.state is BatchState.PENDING and batch.handles:

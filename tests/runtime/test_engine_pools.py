@@ -134,12 +134,12 @@ def test_endpoints_move_blocks_between_engine_tensors_in_place(tight):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_pools_wait_for_their_stream_asleep():
-    # pools.sleep_until_idle (TensorPools.sync, EnginePools.sync): behind ~50 ms of GPU work
+    # Note [Sleeping waits] (TensorPools.sync, EnginePools.sync): behind ~50 ms of GPU work
     # the waiting thread sleeps; a stream synchronize would spin it for the whole wait.
     import resource
     import time
 
-    from pdc.runtime.pools import sleep_until_idle
+    from pdc.runtime.cuda_streams import sleep_until_idle
 
     def cpu_s() -> float:
         r = resource.getrusage(resource.RUSAGE_SELF)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Follow-up: the two GPU tests that a wait for GPU work sleeps (cuda_ipc's completion thread
-# after its wait moved into `_sleep_until`; pools.sleep_until_idle behind TensorPools.sync and
-# EnginePools.sync). Carried: .whl.
+# after its wait moved into cuda_streams.sleep_until; cuda_streams.sleep_until_idle behind
+# TensorPools.sync and EnginePools.sync: Note [Sleeping waits]). Never ran: too little device
+# time was left to start a machine. Carried: .whl.
 #   BUDGET=90 bash bench/results/2026-12-07-gpu-wake/run2.sh
 BUDGET=${BUDGET:-90}
 source "$(dirname "${BASH_SOURCE[0]}")/../gpu_call.sh"

@@ -509,7 +509,9 @@ def test_completion_thread_wakes_after_each_batch_event(monkeypatch):
     eng = CudaIpcEngine("cpu")
     monkeypatch.setattr(eng, "_cuda", True)
     # the wait itself (a blocking-sync event behind each one) is the GPU test's
-    monkeypatch.setattr(eng, "_sleep_until", lambda ev: ev.synchronize())
+    from pdc.runtime.engines import cuda_ipc
+
+    monkeypatch.setattr(cuda_ipc, "sleep_until", lambda ev, device: ev.synchronize())
     woken = []
     assert eng.on_completion(lambda: woken.append("a"))
     assert eng.on_completion(lambda: woken.append("b"))
