@@ -210,17 +210,25 @@ def _plain(values: tuple, bounds: tuple) -> bool:
     built and where it is decoded; on the 2-core box (bench/request_steps.py, 8K, before /
     after in one run) TransferRequest() 8.8 -> 7.7-8.0 µs and its decoding 13.7 -> 12.9 µs
     (bench/results/2026-12-07-cpu-wire)."""
-    for v, (lo, hi) in zip(values, bounds, strict=True):
+    for v, (_, lo, hi) in zip(values, bounds, strict=True):
         if type(v) is not int or not lo <= v <= hi:
             return False
     return True
 
 
+def _checked_ints(obj: object, msg: str, fields: tuple) -> None:
+    """The per-field checks of Note [Plain message fields]: each (name, lo, hi) of `fields`
+    checked in order and stored as an int; the first bad one raises, naming itself."""
+    for name, lo, hi in fields:
+        at, v = f"{msg}.{name}", getattr(obj, name)
+        object.__setattr__(obj, name, _opt_index(at, v) if lo == NO_INDEX else _uint(at, v, hi))
+
+
 def _plain_rank(r: object) -> bool:
-    return type(r) is RankId and _plain((r.pp, r.tp), _RANK_BOUNDS)
+    return type(r) is RankId and _plain((r.pp, r.tp), _RANK_FIELDS)
 
 
-_RANK_BOUNDS = ((0, _U16), (0, _U16))
+_RANK_FIELDS = (("pp", 0, _U16), ("tp", 0, _U16))
 
 
 # ~~~ messages ~~~
@@ -336,11 +344,13 @@ def _staging(msg: str, addr: object, nbytes: object) -> tuple[int, int]:
     return addr, nbytes
 
 
-_OPT = (NO_INDEX, _I64_MAX)
-# room, generation, chunk_id, decode_prefix_tokens, slot, ring_slot, aux_row, staging_addr,
-# staging_bytes, staging_slots
-_REQUEST_BOUNDS = ((0, _U64), (0, _U32), (0, _U32), (0, _U64), _OPT, _OPT, _OPT, (0, _U64),
-                   (0, _U64), (0, _U32))
+# TransferRequest's integers, (name, lo, hi), in the order they are checked (Note [Plain
+# message fields]); lo NO_INDEX: an index that may be -1 for none
+_REQUEST_INTS = (("room", 0, _U64), ("generation", 0, _U32), ("chunk_id", 0, _U32),
+                 ("decode_prefix_tokens", 0, _U64), ("slot", NO_INDEX, _I64_MAX),
+                 ("ring_slot", NO_INDEX, _I64_MAX), ("aux_row", NO_INDEX, _I64_MAX),
+                 ("staging_addr", 0, _U64), ("staging_bytes", 0, _U64),
+                 ("staging_slots", 0, _U32))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -373,19 +383,11 @@ class TransferRequest:
         s = object.__setattr__
         if not (_plain((self.room, self.generation, self.chunk_id, self.decode_prefix_tokens,
                         self.slot, self.ring_slot, self.aux_row, self.staging_addr,
-                        self.staging_bytes, self.staging_slots), _REQUEST_BOUNDS)
+                        self.staging_bytes, self.staging_slots), _REQUEST_INTS)
                 and _plain_rank(self.decode_rank)):  # Note [Plain message fields]
-            s(self, "room", _uint("TransferRequest.room", self.room, _U64))
-            s(self, "generation", _uint("TransferRequest.generation", self.generation, _U32))
+            _checked_ints(self, "TransferRequest", _REQUEST_INTS[:2])
             s(self, "decode_rank", _rank("TransferRequest.decode_rank", self.decode_rank))
-            s(self, "chunk_id", _uint("TransferRequest.chunk_id", self.chunk_id, _U32))
-            s(self, "decode_prefix_tokens",
-              _uint("TransferRequest.decode_prefix_tokens", self.decode_prefix_tokens, _U64))
-            s(self, "slot", _opt_index("TransferRequest.slot", self.slot))
-            s(self, "ring_slot", _opt_index("TransferRequest.ring_slot", self.ring_slot))
-            s(self, "aux_row", _opt_index("TransferRequest.aux_row", self.aux_row))
-            s(self, "staging_slots",
-              _uint("TransferRequest.staging_slots", self.staging_slots, _U32))
+            _checked_ints(self, "TransferRequest", _REQUEST_INTS[2:])
         addr, nbytes = _staging("TransferRequest", self.staging_addr, self.staging_bytes)
         s(self, "staging_addr", addr)
         s(self, "staging_bytes", nbytes)
@@ -424,8 +426,10 @@ class TransferRequest:
     __hash__ = None  # type: ignore[assignment]  # equal messages hold equal arrays
 
 
-# room, generation, chunk_id, page_start, page_count, bytes_written, descriptors
-_STATUS_BOUNDS = ((0, _U64), (0, _U32), (0, _U32), (0, _U64), (0, _U32), (0, _U64), (0, _U32))
+# Status's integers, (name, lo, hi), in the order they are checked (Note [Plain message fields])
+_STATUS_INTS = (("room", 0, _U64), ("generation", 0, _U32), ("chunk_id", 0, _U32),
+                ("page_start", 0, _U64), ("page_count", 0, _U32), ("bytes_written", 0, _U64),
+                ("descriptors", 0, _U32))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -452,19 +456,14 @@ class Status:
         event = self.written_event
         if not (_plain((self.room, self.generation, self.chunk_id, self.page_start,
                         self.page_count, self.bytes_written, self.descriptors),
-                       _STATUS_BOUNDS) and _plain_rank(self.prefill_rank)
+                       _STATUS_INTS) and _plain_rank(self.prefill_rank)
                 and type(self.state) is KVPoll and self.checksum is None
                 and self.reason == "" and type(event) is bytes
                 and len(event) <= MAX_EVENT_BYTES):  # Note [Plain message fields]
-            s(self, "room", _uint("Status.room", self.room, _U64))
-            s(self, "generation", _uint("Status.generation", self.generation, _U32))
+            _checked_ints(self, "Status", _STATUS_INTS[:2])
             s(self, "prefill_rank", _rank("Status.prefill_rank", self.prefill_rank))
             s(self, "state", _enum("Status.state", self.state, KVPoll))
-            s(self, "chunk_id", _uint("Status.chunk_id", self.chunk_id, _U32))
-            s(self, "page_start", _uint("Status.page_start", self.page_start, _U64))
-            s(self, "page_count", _uint("Status.page_count", self.page_count, _U32))
-            s(self, "bytes_written", _uint("Status.bytes_written", self.bytes_written, _U64))
-            s(self, "descriptors", _uint("Status.descriptors", self.descriptors, _U32))
+            _checked_ints(self, "Status", _STATUS_INTS[2:])
             if self.checksum is not None:
                 s(self, "checksum", _uint("Status.checksum", self.checksum, _U64))
             s(self, "reason", _text("Status.reason", self.reason, MAX_REASON_BYTES))
