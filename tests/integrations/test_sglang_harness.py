@@ -64,7 +64,7 @@ def test_prefill_servers_on_the_first_core_decode_and_lone_servers_on_the_last()
     assert server_cores("null", 4) == {"OMP_PROC_BIND": "true", "OMP_PLACES": "{3}"}
 
 
-def test_harness_ports_are_below_the_ephemeral_range_and_never_handed_out_twice():
+def test_harness_ports_are_below_the_ephemeral_range_and_never_handed_out_twice(monkeypatch):
     """Note [Harness ports]: a pair's two servers drew the same rendezvous port, and a
     server's HTTP port was taken by an ephemeral one before it listened; a bound port, and
     ports another server derives from its own, are passed over too."""
@@ -72,18 +72,35 @@ def test_harness_ports_are_below_the_ephemeral_range_and_never_handed_out_twice(
 
     from pdc.serving import sglang_harness as H
 
+    # The suite's servers draw from the same range in this process: the test gets a memory of
+    # its own and a block of ports that nothing holds now (a CI run failed on a fixed block).
+    monkeypatch.setattr(H, "_PORTS_GIVEN", set())
     low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    base = next(b for b in range(20000, low - 120, 200) if _all_free(range(b, b + 110)))
     with socket.socket() as held:
-        held.bind(("0.0.0.0", 20000))
-        ports = [H.harness_port(20000, 20009) for _ in range(9)]
-        assert 20000 not in ports
-    assert len(set(ports)) == 9 and all(20000 < p <= 20009 < low for p in ports)
+        held.bind(("0.0.0.0", base))
+        ports = [H.harness_port(base, base + 9) for _ in range(9)]
+        assert base not in ports
+    assert len(set(ports)) == 9 and all(base < p <= base + 9 < low for p in ports)
     with pytest.raises(HarnessError) as e:
-        H.harness_port(20001, 20009)
-    assert str(e.value) == ("no free port in 20001-20009: each of the 9 drawn is bound or "
-                            "already handed to a server of this process")
-    server = H.harness_port(20100, 20100, beside=(5, 6))
-    assert server == 20100 and H.harness_port(20103, 20106) in (20103, 20104)
+        H.harness_port(base + 1, base + 9)
+    assert str(e.value) == (f"no free port in {base + 1}-{base + 9}: each of the 9 drawn is "
+                            "bound or already handed to a server of this process")
+    server = H.harness_port(base + 100, base + 100, beside=(5, 6))
+    assert server == base + 100
+    assert H.harness_port(base + 103, base + 106) in (base + 103, base + 104)
+
+
+def _all_free(ports) -> bool:
+    import socket
+
+    for port in ports:
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                return False
+    return True
 
 
 def test_a_server_that_could_not_listen_fails_its_wait_at_once(tmp_path):
