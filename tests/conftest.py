@@ -12,15 +12,17 @@ from pathlib import Path
 import pytest
 
 from .compiler.spec_patches import write_bad_spec
-from .support import parity_order, skip_summary
+from .support import module_times, parity_order, skip_summary
 
 # The parity tests shuffled in every run (tests/support/parity_order.py).
 from .support.parity_order import pytest_collection_modifyitems  # noqa: F401
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
-    """Why tests were skipped and how to run them; the parity tests' order seed."""
+    """Why tests were skipped and how to run them; the slowest test files; the parity tests'
+    order seed."""
     skip_summary.pytest_terminal_summary(terminalreporter, exitstatus, config)
+    module_times.pytest_terminal_summary(terminalreporter, exitstatus, config)
     parity_order.pytest_terminal_summary(terminalreporter, exitstatus, config)
 
 
