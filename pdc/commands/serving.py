@@ -21,6 +21,8 @@ from .common import (
 
 # Repetitions of a demo's backends: each starts fresh engines (a minute or more on a CPU).
 MAX_DEMO_REPEAT = 20
+# Busy processes of a demo's `--load` (Note [Demo load]): a few per core is a busy host
+MAX_DEMO_LOAD = 64
 # Attention-DP groups of `pdc sglang-demo --dp`: one rank (a scheduler process) each per server
 MAX_SGLANG_DP = 8
 
@@ -80,6 +82,9 @@ def _knob_rows(texts: list[str]) -> tuple[list[dict], tuple[str, str] | None]:
     arg("--warmup", type=int, default=1, metavar="N",
         help="with --compare or --repeat: requests of other prompts each engine setup answers "
              "before the measured ones, outside the figures (default: 1; 0: cold engines)"),
+    arg("--load", type=int, default=0, metavar="N",
+        help="N processes that keep the cores busy beside the servers for the whole run, "
+             "a reproducible busy host (Note [Demo load]; default: 0)"),
 )
 def cmd_vllm_demo(args: argparse.Namespace) -> int:
     """Run prefill and decode as two real vLLM engines with pdc's KV connector between them.
@@ -91,7 +96,8 @@ def cmd_vllm_demo(args: argparse.Namespace) -> int:
     through pdc with the first token from prefill, vLLM's own NixlConnector and
     MooncakeConnector and one engine alone too, and prints TTFT p50/p99 per backend with its
     overhead over the engine alone, TTFT's parts and the time to the second token
-    (docs/vllm.md).
+    (docs/vllm.md). `--load N` keeps the cores busy with N more processes throughout (Note
+    [Demo load]).
     Needs the vLLM environment (scripts/install-vllm.sh). The table goes to stdout, progress
     to stderr.
 
@@ -99,6 +105,7 @@ def cmd_vllm_demo(args: argparse.Namespace) -> int:
     it: Note [Logprob tolerance] in pdc/serving/drift.py), 1 otherwise (a spec error, no
     vLLM environment, a failed prompt), 2 for a usage error.
     """
+    from pdc.serving.host_load import busy_cores
     from pdc.serving.vllm_compare import run_comparison
     from pdc.serving.vllm_demo import run_demo
 
@@ -107,6 +114,7 @@ def cmd_vllm_demo(args: argparse.Namespace) -> int:
                           ("--in-flight", args.in_flight, 1, MAX_DEMO_CONCURRENCY),
                           ("--repeat", args.repeat, 1, MAX_DEMO_REPEAT),
                           ("--warmup", args.warmup, 0, MAX_DEMO_PROMPTS),
+                          ("--load", args.load, 0, MAX_DEMO_LOAD),
                           ("--prefill-engines", args.prefill_engines, 1, MAX_DEMO_ENGINES),
                           ("--decode-engines", args.decode_engines, 1, MAX_DEMO_ENGINES)))
     if bad is None and args.kill_prefill_after is not None:
@@ -127,14 +135,17 @@ def cmd_vllm_demo(args: argparse.Namespace) -> int:
     family = spec_family(args.spec, "vllm-demo")
     if family is None:
         return 1
-    return run_demo(family, args.engine, args.prompts, args.tokens, args.seed, keep=args.keep,
-                    compare=args.compare, in_flight=args.in_flight, repeat=args.repeat,
-                    timeline=args.timeline, prefill_engines=args.prefill_engines,
-                    comparison=functools.partial(run_comparison, knob_rows=tuple(knob_rows)),
-                    decode_engines=args.decode_engines,
-                    kill_prefill_after=args.kill_prefill_after,
-                    tie_tolerance=args.tie_tolerance, prefix_caching=args.prefix_caching,
-                    warmup=args.warmup)
+    with busy_cores(args.load):
+        return run_demo(family, args.engine, args.prompts, args.tokens, args.seed,
+                        keep=args.keep, compare=args.compare, in_flight=args.in_flight,
+                        repeat=args.repeat,
+                        timeline=args.timeline, prefill_engines=args.prefill_engines,
+                        comparison=functools.partial(run_comparison,
+                                                     knob_rows=tuple(knob_rows)),
+                        decode_engines=args.decode_engines,
+                        kill_prefill_after=args.kill_prefill_after,
+                        tie_tolerance=args.tie_tolerance, prefix_caching=args.prefix_caching,
+                        warmup=args.warmup)
 
 
 @command(
@@ -178,6 +189,9 @@ def cmd_vllm_demo(args: argparse.Namespace) -> int:
         help="pinned: a prefill server on the first core, decode and lone servers on the "
              "last (Note [Server cores]); shared: every server on every core (default: "
              "pinned)"),
+    arg("--load", type=int, default=0, metavar="N",
+        help="N processes that keep the cores busy beside the servers for the whole run, "
+             "a reproducible busy host (Note [Demo load]; default: 0)"),
 )
 def cmd_sglang_demo(args: argparse.Namespace) -> int:
     """Real SGLang prefill and decode servers with pdc's transfer backend, checked token by token.
@@ -191,9 +205,9 @@ def cmd_sglang_demo(args: argparse.Namespace) -> int:
     streams the first token from prefill, SGLang's own mooncake backend on the same settings
     (as is, and with SGLang's `--optimistic-prefill-attempts 1`) and one plain server alone,
     with each PD backend's TTFT overhead over it; every setup first answers `--warmup`
-    requests outside the figures;
-    `--pdc-knobs` adds pdc rows with other runtime knobs. `--family qwen3` serves a tiny dense Qwen3 instead of the
-    tiny Llama, `qwen3-next` a hybrid Gated DeltaNet model (slot state), `deepseek-mla` an MLA
+    requests outside the figures; `--pdc-knobs` adds pdc rows with other runtime knobs;
+    `--load N` keeps the cores busy with N more processes throughout (Note [Demo load]).
+    `--family qwen3` serves a tiny dense Qwen3 instead of the tiny Llama, `qwen3-next` a hybrid Gated DeltaNet model (slot state), `deepseek-mla` an MLA
     model (latent pool). `--dp N` runs N attention-DP groups on every server, the plain one
     too; `--spec-decode` speculates on both PD servers (a tiny EAGLE draft, or DeepSeek's MTP
     layer) while the plain server does not. A combination SGLang cannot run on this machine
@@ -203,6 +217,7 @@ def cmd_sglang_demo(args: argparse.Namespace) -> int:
     Exit status: 0 when every prompt of every run was token-identical, 1 otherwise (no
     SGLang environment included), 2 for a usage error.
     """
+    from pdc.serving.host_load import busy_cores
     from pdc.serving.sglang_demo import run_demo
 
     bad = range_problem((("--prompts", args.prompts, 1, MAX_DEMO_PROMPTS),
@@ -210,6 +225,7 @@ def cmd_sglang_demo(args: argparse.Namespace) -> int:
                           ("--tokens", args.tokens, 1, MAX_DEMO_NEW_TOKENS),
                           ("--repeat", args.repeat, 1, MAX_DEMO_REPEAT),
                           ("--warmup", args.warmup, 0, MAX_DEMO_PROMPTS),
+                          ("--load", args.load, 0, MAX_DEMO_LOAD),
                           ("--dp", args.dp, 1, MAX_SGLANG_DP)))
     if bad:
         return usage_error("sglang-demo", *bad, False)
@@ -222,7 +238,8 @@ def cmd_sglang_demo(args: argparse.Namespace) -> int:
     if isinstance(variant, Refusal):  # before any server starts (Note [Demo variants])
         err(f"pdc sglang-demo: error: {variant.message}", f"  hint: {variant.hint}")
         return 1
-    return run_demo(args.prompts, args.engine, args.compare, args.in_flight, args.tokens,
-                    args.seed, args.keep_logs, family=args.family, repeat=args.repeat,
-                    timeline=args.timeline, variant=variant, knob_rows=tuple(knob_rows),
-                    warmup=args.warmup, shared_cores=args.server_cores == "shared")
+    with busy_cores(args.load):
+        return run_demo(args.prompts, args.engine, args.compare, args.in_flight, args.tokens,
+                        args.seed, args.keep_logs, family=args.family, repeat=args.repeat,
+                        timeline=args.timeline, variant=variant, knob_rows=tuple(knob_rows),
+                        warmup=args.warmup, shared_cores=args.server_cores == "shared")

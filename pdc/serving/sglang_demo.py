@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from ..console import Counter, print_table, wrap
 from . import sglang_harness as H
 from . import sglang_variants as V
+from .host_load import busy_text, load_average
 from .knob_rows import folder_name, knob_label
 
 
@@ -292,7 +293,7 @@ def run_demo(prompts: int, engine: str, compare: bool, in_flight: int, new_token
         reference = [r.tokens for r in ref]
         warm = H.mixed_prompts(warmup, seed + 1)  # Note [Warm servers]
         backends = backend_rows(engine, compare, knob_rows)
-        load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+        load = load_average()
         rows = []
         for rep in range(repeat):
             k = rep % len(backends)
@@ -304,13 +305,13 @@ def run_demo(prompts: int, engine: str, compare: bool, in_flight: int, new_token
                 rows.append(run_pair(python, model, workdir, backend, eng, batch, reference,
                                      new_tokens, in_flight, rep, variant.pd_args + args,
                                      variant.tp, {**env, **extra}, label, warm))
-        after = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+        after = load_average()
         if variant.dp > 1:
             for r in rows:
                 if r.backend.startswith("pdc"):
                     _waiting(f"{r.backend}/{r.engine}: {dp_groups(r.logs, variant.dp)}")
         print_rows(rows, prompts, in_flight,
-                   load=f"; load average {load} before, {after} after")
+                   load=f"; load average {load} before, {after} after{busy_text()}")
         if timeline:
             from .timeline import print_summary, read_runs, summarize
 

@@ -35,13 +35,13 @@ Note [vLLM's own connectors]: what they need on a CPU box, set here and nowhere 
 
 from __future__ import annotations
 
-import os
 import socket
 import statistics
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from .host_load import busy_text, load_average
 from .knob_rows import folder_name, knob_label
 from .vllm_demo import print_timeline
 from .vllm_proxy import DemoError, Engine, Flow, run_alone, run_pd
@@ -232,10 +232,6 @@ def _part(runs: list[Run], of) -> float | None:
     return statistics.median(p50s) if p50s else None
 
 
-def load_average() -> str:
-    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
 def print_rows(rows: list[Row], out, title: str) -> None:
     from ..console import print_table
 
@@ -295,7 +291,7 @@ def run_comparison(python, work, model, family, engine_name, prompts, ref, max_t
         f"pdc vllm-demo: {len(prompts)} prompts, {in_flight} in flight, {repeat} "
         f"repetition(s) interleaved, {len(warmup)} warm-up request(s) per engine setup; "
         f"median over repetitions of each run's TTFT p50 / p99; "
-        f"load average {load_before} before, {load_average()} after"))
+        f"load average {load_before} before, {load_average()} after{busy_text()}"))
     print_failures(runs, engine_name, out)
     if timeline:
         for b in dict.fromkeys(r.backend for r in runs if r.backend.startswith("pdc")):

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from .drift import Drift
 from .drift import compare as drift_of
+from .host_load import busy_text, load_average
 from .vllm_engine import is_hybrid, is_mla
 from .vllm_env import HINT, vllm_python
 from .vllm_proxy import (
@@ -262,7 +263,7 @@ def run_demo(family: str, engine_name: str, n_prompts: int, max_tokens: int, see
                    f"p99 {_pct(ttfts, 0.99):.0f} ms; "
                    f"{'; '.join(leaked) or 'no request left on ' + where}; "
                    f"{time.monotonic() - t0:.0f} s in all; load average "
-                   f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}"), file=out)
+                   f"{load_average()}{busy_text()}"), file=out)
         if timeline:
             print_timeline([work], out, f"pdc timeline ({engine_name})")
         return 0 if ok + len(excused) == n_prompts and not leaked else 1

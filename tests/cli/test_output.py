@@ -126,6 +126,10 @@ def test_usage_errors_are_exit_2_and_a_json_error_object(capsys, argv, message, 
      "  hint: give --repeat from 1 to 20\n"),
     (["sglang-demo", "--warmup", "-1"], "pdc sglang-demo: error: --warmup is -1\n"
      "  hint: give --warmup from 0 to 10000\n"),
+    (["sglang-demo", "--load", "-1"], "pdc sglang-demo: error: --load is -1\n"
+     "  hint: give --load from 0 to 64\n"),
+    (["vllm-demo", "--load", "65"], "pdc vllm-demo: error: --load is 65\n"
+     "  hint: give --load from 0 to 64\n"),
     (["vllm-demo", "--tie-tolerance", "-1"], "pdc vllm-demo: error: --tie-tolerance -1.0 is "
      "not a logprob gap\n  hint: give a value from 0 (identity) to 10\n"),
     (["vllm-demo", "--tie-tolerance", "nan"], "pdc vllm-demo: error: --tie-tolerance nan is "
