@@ -32,8 +32,12 @@ def _gone(pid: int, within_s: float) -> bool:
 
 def test_busy_processes_compute_while_the_block_runs_and_end_with_it():
     assert host_load.busy_text() == ""
+    cores = sorted(os.sched_getaffinity(0))
     with host_load.busy_cores(2) as procs:
         assert len(procs) == 2
+        # one core each, round robin over this process's cores
+        assert [os.sched_getaffinity(p.pid) for p in procs] == [
+            {cores[0]}, {cores[1 % len(cores)]}]
         assert host_load.busy_text() == ", 2 busy process(es) beside (--load 2)"
         time.sleep(1.0)
         assert all(_cpu_seconds(p.pid) > 0.1 for p in procs)
