@@ -62,16 +62,19 @@ def own_stream(device: torch.device):
     return torch.cuda.Stream(device)
 
 
+def _this_thread(kind: str, device: torch.device, make):
+    """This thread's `kind` of thing for `device`, made by `make(device)` on first use."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    things = _per_thread.__dict__.setdefault(kind, {})
+    thing = things.get(index)
+    if thing is None:
+        thing = things[index] = make(torch.device("cuda", index))
+    return thing
+
+
 def capture_stream(device: torch.device):
     """This thread's stream for capturing graphs on `device` (Note [Own streams])."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    streams = getattr(_per_thread, "streams", None)
-    if streams is None:
-        streams = _per_thread.streams = {}
-    stream = streams.get(index)
-    if stream is None:
-        stream = streams[index] = own_stream(torch.device("cuda", index))
-    return stream
+    return _this_thread("streams", device, own_stream)
 
 
 def sleep_until_idle(device: torch.device) -> None:
@@ -88,16 +91,9 @@ def sleep_until(event, device: torch.device) -> None:
     waited for."""
     if event.query():
         return
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    waits = getattr(_per_thread, "waits", None)
-    if waits is None:
-        waits = _per_thread.waits = {}
-    got = waits.get(index)
-    if got is None:
-        got = waits[index] = (own_stream(torch.device("cuda", index)),
-                              torch.cuda.Event(blocking=True))
-    stream, wake = got
-    with torch.cuda.device(index):
+    stream, wake = _this_thread("waits", device,
+                                lambda d: (own_stream(d), torch.cuda.Event(blocking=True)))
+    with torch.cuda.device(stream.device):
         stream.wait_event(event)
         wake.record(stream)
     wake.synchronize()

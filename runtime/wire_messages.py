@@ -345,12 +345,13 @@ def _staging(msg: str, addr: object, nbytes: object) -> tuple[int, int]:
 
 
 # TransferRequest's integers, (name, lo, hi), in the order they are checked (Note [Plain
-# message fields]); lo NO_INDEX: an index that may be -1 for none
+# message fields]); lo NO_INDEX: an index that may be -1 for none. The last two, the staging
+# region, are checked together by `_staging` on every path.
 _REQUEST_INTS = (("room", 0, _U64), ("generation", 0, _U32), ("chunk_id", 0, _U32),
                  ("decode_prefix_tokens", 0, _U64), ("slot", NO_INDEX, _I64_MAX),
                  ("ring_slot", NO_INDEX, _I64_MAX), ("aux_row", NO_INDEX, _I64_MAX),
-                 ("staging_addr", 0, _U64), ("staging_bytes", 0, _U64),
-                 ("staging_slots", 0, _U32))
+                 ("staging_slots", 0, _U32), ("staging_addr", 0, _U64),
+                 ("staging_bytes", 0, _U64))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -382,12 +383,12 @@ class TransferRequest:
     def __post_init__(self) -> None:
         s = object.__setattr__
         if not (_plain((self.room, self.generation, self.chunk_id, self.decode_prefix_tokens,
-                        self.slot, self.ring_slot, self.aux_row, self.staging_addr,
-                        self.staging_bytes, self.staging_slots), _REQUEST_INTS)
+                        self.slot, self.ring_slot, self.aux_row, self.staging_slots,
+                        self.staging_addr, self.staging_bytes), _REQUEST_INTS)
                 and _plain_rank(self.decode_rank)):  # Note [Plain message fields]
             _checked_ints(self, "TransferRequest", _REQUEST_INTS[:2])
             s(self, "decode_rank", _rank("TransferRequest.decode_rank", self.decode_rank))
-            _checked_ints(self, "TransferRequest", _REQUEST_INTS[2:])
+            _checked_ints(self, "TransferRequest", _REQUEST_INTS[2:-2])
         addr, nbytes = _staging("TransferRequest", self.staging_addr, self.staging_bytes)
         s(self, "staging_addr", addr)
         s(self, "staging_bytes", nbytes)
