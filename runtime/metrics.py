@@ -16,7 +16,9 @@ submitted), `done` (last write completed, Success). Decode: `arrived` (the servi
 first saw the request, when the integration says), `start` (receiver made), `requested`
 (TransferRequests sent), `done` (every prefill rank reported Success). `mark()` adds the
 points no record holds: decode's engine saw the Success (`seen`), the first token left
-(`first_token`, from the driver that sees it). Across hosts the clocks differ: compare
+(`first_token`, from the driver that sees it); on the first token's way from prefill (Note
+[SGLang first token from prefill]), prefill's scheduler streamed it (`token_out`) and pdc's
+router had the request (`router_in`) and sent the token on (`router_token`). Across hosts the clocks differ: compare
 stamps of one side only.
 
 Prometheus metrics (labels: `side` prefill/decode, `rank` e.g. `dp0.pp0.tp1`, `engine`):

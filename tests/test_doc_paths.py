@@ -24,9 +24,10 @@ DOCS = sorted(REPO.glob("*.md")) + sorted((REPO / "docs").glob("*.md"))
 # that documents may name before they exist in a checkout (built or made by a command).
 TOP = {p.name for p in REPO.iterdir()}
 # What a command makes (scripts/install.sh makes .venv/; a GPU run carries the wheels it
-# gathers in the ignored .whl/, bench/run_gpu*.sh) and what docs/adding-a-family.md has the
+# gathers in the ignored .whl/, bench/run_gpu*.sh, and the older trees it compares against in
+# the ignored build/gpurun/, bench/results/*/run.sh) and what docs/adding-a-family.md has the
 # reader write, as its worked example: cited, but no file of a checkout.
-MADE = {".venv", ".whl", "specs/hf-qwen2.yaml", "generated/hf_qwen2"}
+MADE = {".venv", ".whl", "build", "specs/hf-qwen2.yaml", "generated/hf_qwen2"}
 # A run of path characters with at least one slash, or a bare *.md name.
 _PATH = re.compile(r"(?<![\w./<>*{}-])((?:\.\.?/)?[\w.-]+(?:/[\w.<>*{}-]*)+|[\w.-]+\.md)"
                    r"(?![\w<>*{}(-])")

@@ -19,12 +19,16 @@ one, as before 2026-12-05. The router forwards it
 to the client, then decode's stream from its second token on; decode's first token must equal
 it (the router checks), so the tokens are the ones SGLang's own flow gives under any sampling.
 The transfer, prefill's final (empty) chunk and decode are unchanged. Requests with logprobs
-are left alone (their stream carries per-token logprobs the router would have to merge).
+are left alone (their stream carries per-token logprobs the router would have to merge). With
+the transfer_log knob on, each streamed token is stamped (`token_out`), and the router stamps
+the request's arrival and the token's way on (Note [Timeline stamps]): the demos' timelines
+then say where a first token's time goes after the forward.
 """
 
 from __future__ import annotations
 
 from pdc.runtime import knobs
+from pdc.runtime.metrics import mark
 
 _MIXIN = "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin."
 HOOKED = _MIXIN + "process_batch_result_disagg_prefill"
@@ -40,6 +44,17 @@ def wants_first_token(req) -> bool:
             and getattr(req, "send_token_offset", 0) == 0 and not req.finished())
 
 
+def _streamed(reqs) -> None:
+    """The timeline's stamp that prefill's scheduler streamed these requests' first token
+    (`token_out`, Note [Timeline stamps]; generation 0: the rooms of pdc's router are fresh
+    random ids, each used once)."""
+    if knobs.get("transfer_log"):
+        for req in reqs:
+            room = getattr(req, "bootstrap_room", None)
+            if room is not None:
+                mark("token_out", "prefill", int(room))
+
+
 def _pdc_backend(scheduler) -> bool:
     return getattr(getattr(scheduler, "transfer_backend", None), "value", None) == "pdc"
 
@@ -49,6 +64,7 @@ def before_send_kv_chunk(scheduler, req, last_chunk: bool = False, *args, **kwar
     if last_chunk and _pdc_backend(scheduler) and wants_first_token(req) and \
             knobs.get("sglang_first_token_early"):
         scheduler.output_streamer.stream_output([req], False)
+        _streamed([req])
     return None
 
 
@@ -60,6 +76,7 @@ def after_prefill_result(result, scheduler, batch, *args, **kwargs):
     early = [req for req in batch.reqs if wants_first_token(req)]
     if early:
         scheduler.output_streamer.stream_output(early, False)
+        _streamed(early)
     return None
 
 

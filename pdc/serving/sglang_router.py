@@ -42,6 +42,9 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
+from pdc.runtime import knobs
+from pdc.runtime.metrics import mark
+
 FLAG = "pdc_first_token"  # integrations/sglang/first_token.py reads it
 
 
@@ -230,6 +233,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._reply(200 if ok else 404, {"ok": ok})
 
     def do_POST(self) -> None:
+        t_in = time.monotonic()
         if self.path != "/generate":
             self._reply(404, {"error": {"message": f"no route {self.path}; use /generate"}})
             return
@@ -241,7 +245,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(400, {"error": {"message": f"bad request body: {e}"}})
             return
         if body.get("stream"):
-            self._stream(*self.owner.bodies(body))
+            self._stream(*self.owner.bodies(body), t_in)
         else:
             self._whole(*self.owner.bodies(body))
 
@@ -265,7 +269,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._reply_bytes(status, data)
 
-    def _stream(self, prefill: Upstream, p_body: dict, decode: Upstream, d_body: dict) -> None:
+    def _stream(self, prefill: Upstream, p_body: dict, decode: Upstream, d_body: dict,
+                t_in: float) -> None:
         events: queue.Queue = queue.Queue()
         timeout = self.owner.timeout_s
         for side, upstream, body in (("prefill", prefill, p_body), ("decode", decode, d_body)):
@@ -299,6 +304,7 @@ class _Handler(BaseHTTPRequestHandler):
                         self._send({**msg, "output_ids": ids[:1]})
                         sent, first = 1, ids[0]
                         self.owner.count("first_from_prefill")
+                        _stamp(p_body, t_in)
                     continue
                 if first is not None and ids and ids[0] != first:
                     self.owner.count("mismatches")
@@ -311,6 +317,8 @@ class _Handler(BaseHTTPRequestHandler):
                         first = ids[0]
                         self.owner.count("first_from_decode")
                     self._send(msg)
+                    if sent == 0 and ids:
+                        _stamp(p_body, t_in)
                     sent = max(sent, len(ids))
             self.wfile.write(b"data: [DONE]\n\n")
         except (BrokenPipeError, ConnectionResetError):  # the client hung up
@@ -319,6 +327,16 @@ class _Handler(BaseHTTPRequestHandler):
     def _send(self, msg: dict) -> None:
         self.wfile.write(b"data: " + json.dumps(msg).encode() + b"\n\n")
         self.wfile.flush()
+
+
+def _stamp(p_body: dict, t_in: float) -> None:
+    """The timeline's stamps of a request whose first token the client was just sent:
+    `router_in` (its request reached the router) and `router_token` (Note [Timeline stamps];
+    generation 0: the room is a fresh random id)."""
+    if knobs.get("transfer_log"):
+        room = int(p_body["bootstrap_room"])
+        mark("router_in", "router", room, t=t_in)
+        mark("router_token", "router", room)
 
 
 def _drain(prefill: Upstream, body: dict) -> None:

@@ -43,9 +43,19 @@ PHASES = (
     ("tell decode", "p.done", "d.done", "last write done -> decode's endpoint has Success"),
     ("engine sees", "d.done", "m.seen", "decode's endpoint -> its engine polls the Success"),
     ("first token", "m.seen", "m.first_token", "the engine saw it -> first token out"),
+    # The first token from prefill (Note [SGLang first token from prefill]): its own way out.
+    ("to prefill", "m.router_in", "p.start",
+     "pdc's router has the request -> prefill's scheduler has it (HTTP, tokenizer)"),
+    ("prefill token", "p.start", "m.token_out",
+     "prefill's scheduler has it -> streams its first token (decode's ask, the forward)"),
+    ("token out", "m.token_out", "m.router_token",
+     "prefill streams the first token -> pdc's router sends it to the client (detokenizer, "
+     "prefill's HTTP, the router's threads)"),
 )
-TOTAL = ("arrive to token", "d.arrived", "m.first_token",
-         "the request reaches decode -> first token out")
+TOTALS = (("arrive to token", "d.arrived", "m.first_token",
+           "the request reaches decode -> first token out"),
+          ("router to token", "m.router_in", "m.router_token",
+           "pdc's router has the request -> sends its first token"))
 
 
 @dataclass
@@ -147,7 +157,7 @@ def summarize(requests: Iterable[Request]) -> list[PhaseRow]:
     stamps; phases no request has are left out."""
     done = [r for r in requests if r.ok and "d.done" in r.stamps and "p.done" in r.stamps]
     rows = []
-    for name, start, end, what in (*PHASES, TOTAL):
+    for name, start, end, what in (*PHASES, *TOTALS):
         xs = [x for r in done if (x := r.phase_ms(start, end)) is not None]
         if xs:
             rows.append(PhaseRow(name, what, len(xs), _pct(xs, 0.5), _pct(xs, 0.99),

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 from pdc.integrations.sglang import first_token as FT
+from pdc.runtime import knobs
 
 from pdc.serving import sglang_harness as H
 from pdc.serving.sglang_router import FirstTokenRouter, Prefill
@@ -102,6 +103,33 @@ def test_the_client_gets_prefills_first_token_then_decodes_rest(pair):
     assert "custom_params" not in db["sampling_params"]
     boot = {k: pb[k] for k in ("bootstrap_host", "bootstrap_port", "bootstrap_room")}
     assert boot == {k: db[k] for k in boot} and boot["bootstrap_host"] == "10.1.2.3"
+
+
+@pytest.mark.parametrize("pair", [([[7], [7]], [[7], [7, 8]], 0.1)], indirect=True)
+def test_with_the_transfer_log_on_the_router_and_the_hook_stamp_the_first_tokens_way(
+        pair, caplog):
+    # Note [Timeline stamps]: the router's request in and first token out, prefill's token out
+    router, p, _ = pair
+    knobs.override(transfer_log=1)
+    try:
+        with caplog.at_level("INFO", logger="pdc.transfer"):
+            res = H.generate(router.url, [1, 2, 3], 2)
+            streamed = []
+            sched = SimpleNamespace(transfer_backend=SimpleNamespace(value="pdc"),
+                                    output_streamer=SimpleNamespace(
+                                        stream_output=lambda reqs, lp: streamed.append(reqs)))
+            req = _req({"pdc_first_token": True})
+            req.bootstrap_room = 77
+            FT.before_send_kv_chunk(sched, req, True)
+    finally:
+        knobs.reset()
+    assert (res.error, res.tokens) == ("", [7, 8]) and streamed == [[req]]
+    marks = [json.loads(r.message) for r in caplog.records if '"kv_mark"' in r.message]
+    room = p.bodies[0]["bootstrap_room"]
+    assert [(m["mark"], m["side"], m["room"]) for m in marks] == [
+        ("router_in", "router", room), ("router_token", "router", room),
+        ("token_out", "prefill", 77)]
+    assert marks[0]["t"] <= marks[1]["t"] <= marks[2]["t"]
 
 
 @pytest.mark.parametrize("pair", [([[7], [7]], [[5], [5, 8]], 0.1)], indirect=True)

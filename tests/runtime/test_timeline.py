@@ -83,7 +83,8 @@ def test_timeline_joins_the_sides_into_phases(pair):
     reqs = collect(lines, "run1")
     assert list(reqs) == [("run1", 5, 0)]
     rows = {r.phase: r for r in summarize(reqs.values())}
-    assert set(rows) == {name for name, *_ in PHASES} | {"arrive to token"}
+    first_token_way = {"to prefill", "prefill token", "token out"}  # no router marks here
+    assert set(rows) == {name for name, *_ in PHASES} - first_token_way | {"arrive to token"}
     assert all(r.n == 1 for r in rows.values())
     assert round(rows["first token"].p50_ms, 3) == 10.0
     assert round(rows["engine sees"].p50_ms, 3) == 4.0
@@ -92,6 +93,27 @@ def test_timeline_joins_the_sides_into_phases(pair):
                                           "transfer", "tell decode", "engine sees",
                                           "first token"))
     assert abs(total - parts) < 1e-6
+
+
+def test_timeline_lays_out_the_first_tokens_way_from_prefill(pair):
+    # Note [SGLang first token from prefill]: pdc's router and prefill's scheduler mark it.
+    import time
+
+    _, _, p, d = _one_request(pair, time.monotonic())
+    start = p.stamps()["start"]
+
+    def marked(what, side, t):
+        return json.dumps({"event": "kv_mark", "mark": what, "side": side, "room": 5,
+                           "generation": 0, "t": t})
+
+    lines = [p.log_line(), d.log_line(), marked("router_in", "router", start - 0.003),
+             marked("token_out", "prefill", start + 0.020),
+             marked("router_token", "router", start + 0.027)]
+    rows = {r.phase: r for r in summarize(collect(lines, "run1").values())}
+    got = {n: round(rows[n].p50_ms, 3) for n in ("to prefill", "prefill token", "token out",
+                                                 "router to token")}
+    assert got == {"to prefill": 3.0, "prefill token": 20.0, "token out": 7.0,
+                   "router to token": 30.0}
 
 
 def test_bench_timeline_reads_log_folders(tmp_path, pair, capsys):
