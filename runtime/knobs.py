@@ -175,6 +175,11 @@ KNOBS = {k.name: k for k in (
          "backend streams a request's first token, when its router asked for it, as the "
          "request's last chunk goes to pdc, before pdc's transfer worker wakes (Note [SGLang "
          "first token from prefill]); 0: after SGLang has processed the batch's results"),
+    Knob("sglang_first_token_direct", 1, "0/1", "1: an SGLang prefill server of the pdc "
+         "backend sends a request's first token straight to the socket its router named, one "
+         "datagram, instead of streaming it through SGLang's detokenizer and HTTP server "
+         "(Note [First token straight to the router] in integrations/sglang/first_token.py); "
+         "0: SGLang's way out"),
     Knob("sglang_cached_send", 0, "0/1", "1: an SGLang prefill server of the pdc backend "
          "sends the pages that are final before the forward (its radix-cache hit, earlier "
          "chunks) before the forward starts (\"lever B\"; same families)"),

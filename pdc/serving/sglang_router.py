@@ -5,12 +5,16 @@ side. Like SGLang's own router, this one sends a `/generate` request to a prefil
 decode server at once, both with the same bootstrap host, port and room; a streaming request
 also asks prefill for its first token (`sampling_params.custom_params.pdc_first_token`). The
 client gets whichever first token comes first, normally prefill's, right after prefill's
-forward, then decode's stream from its second token on. Decode's first token must equal the
-one the client got (it is prefill's, moved in the metadata row); a difference ends the stream
+forward, then decode's stream from its second token on. The first token normally comes
+straight from prefill's scheduler to a UDP socket of the router's own, one datagram, past
+SGLang's detokenizer and HTTP server (Note [First token straight to the router] in
+integrations/sglang/first_token.py; `token_address`, `--token-host`); a datagram that is
+not a token for a waiting request is counted (`stray_datagrams`) and dropped. Decode's first
+token must equal the one the client got (it is prefill's, moved in the metadata row); a difference ends the stream
 with an error naming both. A request that does not stream gets decode's answer, as from
 SGLang's router. Prefill's stream is read to its end in the background so that prefill
-finishes the request normally. Counts: `stats` (first tokens from prefill, from decode,
-mismatches, errors; `GET /stats` answers them).
+finishes the request normally. Counts: `stats` (first tokens from prefill's stream, straight
+from prefill, from decode; mismatches, errors, stray datagrams; `GET /stats` answers them).
 
     router = FirstTokenRouter([Prefill(url, "127.0.0.1", bootstrap_port)], [decode_url])
     router.start(); ...; router.stop()
@@ -33,6 +37,7 @@ import queue
 import random
 import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -46,6 +51,9 @@ from pdc.runtime import knobs
 from pdc.runtime.metrics import mark
 
 FLAG = "pdc_first_token"  # integrations/sglang/first_token.py reads it
+FLAG_TO = "pdc_first_token_to"  # where prefill sends the token (Note [First token straight
+# to the router] in integrations/sglang/first_token.py)
+_WILDCARDS = ("", "0.0.0.0", "::")
 
 
 @dataclass(frozen=True)
@@ -57,13 +65,29 @@ class Prefill:
 
 class FirstTokenRouter:
     def __init__(self, prefills: list[Prefill], decodes: list[str], host: str = "127.0.0.1",
-                 port: int = 0, timeout_s: float = 600.0):
+                 port: int = 0, timeout_s: float = 600.0, token_host: str | None = None):
+        """`token_host`: where prefill servers reach this router's token socket (Note [First
+        token straight to the router]); by default `host`, and none when that is a wildcard
+        address (prefill then streams the token the usual way)."""
         if not prefills or not decodes:
             raise ValueError("a router needs at least one prefill and one decode server")
         self.prefills, self.decodes, self.timeout_s = list(prefills), list(decodes), timeout_s
-        self.stats = {"first_from_prefill": 0, "first_from_decode": 0, "mismatches": 0,
-                      "errors": 0}
+        self.stats = {"first_from_prefill": 0, "first_direct": 0, "first_from_decode": 0,
+                      "mismatches": 0, "errors": 0, "stray_datagrams": 0}
         self._lock = threading.Lock()
+        token_host = token_host_for(host, token_host)
+        self.waiting: dict[int, queue.Queue] = {}  # room -> its stream's events
+        self._stopping = False
+        self._tokens: socket.socket | None = None
+        self.token_address: str | None = None
+        if token_host is not None:
+            self._tokens = socket.socket(socket.AF_INET6 if ":" in token_host
+                                         else socket.AF_INET, socket.SOCK_DGRAM)
+            self._tokens.bind((token_host, 0))
+            self.token_address = (f"[{token_host}]" if ":" in token_host else token_host) + \
+                f":{self._tokens.getsockname()[1]}"
+        self._listener = threading.Thread(target=self._listen, name="pdc-sglang-router-tokens",
+                                          daemon=True)
         # Note [Router connections]
         self.upstreams = {url: Upstream(url, timeout_s)
                           for url in [p.url for p in self.prefills] + self.decodes}
@@ -84,10 +108,21 @@ class FirstTokenRouter:
         return f"http://{host}:{port}"
 
     def start(self) -> FirstTokenRouter:
+        if self._tokens is not None:
+            self._listener.start()
         self._thread.start()
         return self
 
     def stop(self) -> None:
+        self._stopping = True
+        if self._tokens is not None:
+            try:  # wakes the listener, which then sees _stopping
+                self._tokens.sendto(b"", self._tokens.getsockname()[:2])
+            except OSError:
+                pass
+            if self._listener.is_alive():
+                self._listener.join(5)
+            self._tokens.close()
         self._server.shutdown()
         self._server.server_close()
         self.readers.shutdown(wait=False, cancel_futures=True)
@@ -98,6 +133,25 @@ class FirstTokenRouter:
         with self._lock:
             self.stats[key] += 1
 
+    def _listen(self) -> None:
+        """First tokens from prefill servers, one datagram each, to the waiting streams; a
+        datagram that is not one, or names no waiting room, is counted and dropped."""
+        assert self._tokens is not None  # started only with a token socket
+        while True:
+            try:
+                data = self._tokens.recv(65536)
+            except OSError:
+                return
+            if self._stopping:
+                return
+            msg = _token_message(data)
+            with self._lock:
+                events = None if msg is None else self.waiting.get(msg[0])
+            if events is None:
+                self.count("stray_datagrams")
+                continue
+            events.put(("direct", msg[1]))
+
     def bodies(self, body: dict) -> tuple[Upstream, dict, Upstream, dict]:
         """(prefill, prefill's body, decode, decode's body) of one request."""
         p, d = random.choice(self.prefills), random.choice(self.decodes)
@@ -106,9 +160,36 @@ class FirstTokenRouter:
         to_prefill = {**body, **boot}
         if body.get("stream"):
             params = dict(body.get("sampling_params") or {})
-            params["custom_params"] = {**(params.get("custom_params") or {}), FLAG: True}
+            ask = {FLAG: True, **({FLAG_TO: self.token_address} if self.token_address else {})}
+            params["custom_params"] = {**(params.get("custom_params") or {}), **ask}
             to_prefill["sampling_params"] = params
         return self.upstreams[p.url], to_prefill, self.upstreams[d], {**body, **boot}
+
+
+def token_host_for(host: str, token_host: str | None) -> str | None:
+    """Where prefill servers reach the token socket: `token_host`, else the router's own
+    `host` unless that is a wildcard address (then none: no address to name)."""
+    return token_host or (None if host in _WILDCARDS else host)
+
+
+def _token_message(data: bytes) -> tuple[int, dict] | None:
+    """(room, the message for the client) of a prefill's datagram, or None when it is not
+    one: a JSON object with an integer room and one token id, optionally a text and a
+    meta_info object (nothing else is passed on)."""
+    try:
+        obj = json.loads(data)
+        room, ids = obj["room"], obj["output_ids"]
+        if not (isinstance(room, int) and isinstance(ids, list) and len(ids) == 1
+                and isinstance(ids[0], int)):
+            return None
+    except (ValueError, KeyError, TypeError):
+        return None
+    msg: dict = {"output_ids": ids}
+    if isinstance(obj.get("text"), str):
+        msg["text"] = obj["text"]
+    if isinstance(obj.get("meta_info"), dict):
+        msg["meta_info"] = obj["meta_info"]
+    return room, msg
 
 
 class UpstreamError(Exception):
@@ -272,6 +353,17 @@ class _Handler(BaseHTTPRequestHandler):
     def _stream(self, prefill: Upstream, p_body: dict, decode: Upstream, d_body: dict,
                 t_in: float) -> None:
         events: queue.Queue = queue.Queue()
+        room = int(p_body["bootstrap_room"])
+        with self.owner._lock:
+            self.owner.waiting[room] = events
+        try:
+            self._stream_events(events, prefill, p_body, decode, d_body, t_in)
+        finally:
+            with self.owner._lock:
+                self.owner.waiting.pop(room, None)
+
+    def _stream_events(self, events: queue.Queue, prefill: Upstream, p_body: dict,
+                       decode: Upstream, d_body: dict, t_in: float) -> None:
         timeout = self.owner.timeout_s
         for side, upstream, body in (("prefill", prefill, p_body), ("decode", decode, d_body)):
             self.owner.readers.submit(_read_stream, side, upstream, body, events)
@@ -299,11 +391,12 @@ class _Handler(BaseHTTPRequestHandler):
                         break
                     continue  # prefill's late failure: decode's stream says what happened
                 ids = list(msg.get("output_ids") or [])
-                if side == "prefill":
+                if side in ("prefill", "direct"):
                     if sent == 0 and ids:  # later prefill messages repeat it, then finish
                         self._send({**msg, "output_ids": ids[:1]})
                         sent, first = 1, ids[0]
-                        self.owner.count("first_from_prefill")
+                        self.owner.count("first_direct" if side == "direct" else
+                                         "first_from_prefill")
                         _stamp(p_body, t_in)
                     continue
                 if first is not None and ids and ids[0] != first:
@@ -412,6 +505,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decode", action="append", required=True, metavar="URL")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0, help="0: a free port")
+    ap.add_argument("--token-host", default=None,
+                    help="where prefill servers reach the router's token socket (default: "
+                         "--host, none for a wildcard address)")
     args = ap.parse_args(argv)
     prefills = []
     for url, host, port in args.prefill:
@@ -419,7 +515,8 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--prefill {url} {host} {port}: the bootstrap port is not a port number")
         prefills.append(Prefill(url, host, int(port)))
     try:
-        router = FirstTokenRouter(prefills, args.decode, args.host, args.port)
+        router = FirstTokenRouter(prefills, args.decode, args.host, args.port,
+                                  token_host=args.token_host)
     except OSError as e:
         print(f"pdc sglang router: cannot listen on {args.host}:{args.port}: {e}",
               file=sys.stderr)

@@ -24,8 +24,9 @@ class Fake:
     first; records the bodies it got. `keep_alive`: HTTP/1.1, whole answers with a length,
     the connection left open (as SGLang's server does); `connections` counts them."""
 
-    def __init__(self, chunks, delay_s=0.0, status=200, keep_alive=False):
+    def __init__(self, chunks, delay_s=0.0, status=200, keep_alive=False, on_body=None):
         self.chunks, self.delay_s, self.status, self.bodies = chunks, delay_s, status, []
+        self.on_body = on_body  # called with each body before the delay
         self.connections = 0
         fake = self
 
@@ -42,6 +43,8 @@ class Fake:
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["content-length"])))
                 fake.bodies.append(body)
+                if fake.on_body is not None:
+                    fake.on_body(body)
                 time.sleep(fake.delay_s)
                 if fake.status != 200:
                     self.send_response(fake.status)
@@ -96,10 +99,12 @@ def test_the_client_gets_prefills_first_token_then_decodes_rest(pair):
     res = H.generate(router.url, [1, 2, 3], 3)
     assert (res.error, res.tokens) == ("", [7, 8, 9])
     assert res.ttft_s < 0.25  # prefill's token, before decode's first chunk (0.3 s)
-    assert router.stats == {"first_from_prefill": 1, "first_from_decode": 0, "mismatches": 0,
-                            "errors": 0}
+    assert router.stats == {"first_from_prefill": 1, "first_direct": 0, "first_from_decode": 0,
+                            "mismatches": 0, "errors": 0, "stray_datagrams": 0}
     (pb,), (db,) = p.bodies, d.bodies
-    assert pb["sampling_params"]["custom_params"] == {"pdc_first_token": True}
+    assert pb["sampling_params"]["custom_params"] == {
+        "pdc_first_token": True, "pdc_first_token_to": router.token_address}
+    assert router.token_address.startswith("127.0.0.1:")
     assert "custom_params" not in db["sampling_params"]
     boot = {k: pb[k] for k in ("bootstrap_host", "bootstrap_port", "bootstrap_room")}
     assert boot == {k: db[k] for k in boot} and boot["bootstrap_host"] == "10.1.2.3"
@@ -282,8 +287,8 @@ def test_the_router_as_a_process_of_its_own_serves_and_counts(tmp_path):
         p.close()
         d.close()
     assert (res.error, res.tokens) == ("", [7, 8])
-    assert stats == {"first_from_prefill": 1, "first_from_decode": 0, "mismatches": 0,
-                     "errors": 0}
+    assert stats == {"first_from_prefill": 1, "first_direct": 0, "first_from_decode": 0,
+                     "mismatches": 0, "errors": 0, "stray_datagrams": 0}
     assert p.bodies[0]["bootstrap_host"] == "10.1.2.3"
     assert router.proc.returncode == 0  # SIGTERM ends it cleanly
 
@@ -298,3 +303,133 @@ def test_the_router_process_names_a_bad_bootstrap_port(capsys):
     assert capsys.readouterr().err.splitlines()[-1] == (
         "python -m pdc.serving.sglang_router: error: --prefill http://127.0.0.1:1 127.0.0.1 "
         "x1: the bootstrap port is not a port number")
+
+
+def _send_token(body, token, **extra):
+    """What the prefill hook sends (Note [First token straight to the router])."""
+    import socket
+
+    host, port = body["sampling_params"]["custom_params"]["pdc_first_token_to"].rsplit(":", 1)
+    msg = {"room": body["bootstrap_room"], "output_ids": [token], **extra}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.sendto(json.dumps(msg).encode(), (host, int(port)))
+
+
+def test_a_first_token_sent_straight_to_the_router_reaches_the_client_before_any_stream():
+    # Prefill's stream and decode's both wait 0.5 s; the datagram is the first token.
+    p = Fake([[7], [7]], delay_s=0.5,
+             on_body=lambda b: _send_token(b, 7, text="Hi", meta_info={"id": "r1"}, error="x"))
+    d = Fake([[7], [7, 8]], delay_s=0.5)
+    router = FirstTokenRouter([Prefill(p.url, "10.1.2.3", 8998)], [d.url]).start()
+    try:
+        res = H.generate(router.url, [1, 2, 3], 2)
+        stats = dict(router.stats)
+        waiting = dict(router.waiting)
+    finally:
+        router.stop()
+        p.close()
+        d.close()
+    assert (res.error, res.tokens) == ("", [7, 8])
+    assert res.ttft_s < 0.4
+    assert stats["first_direct"] == 1 and stats["first_from_prefill"] == 0
+    assert stats["mismatches"] == stats["errors"] == stats["stray_datagrams"] == 0
+    assert waiting == {}  # the ended stream's room is no longer waited for
+
+
+def test_stray_datagrams_are_counted_and_dropped_and_a_wrong_token_is_caught():
+    import socket
+
+    def stray_then_wrong(body):
+        host, port = body["sampling_params"]["custom_params"]["pdc_first_token_to"].rsplit(
+            ":", 1)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            for junk in (b"not json", b'{"room": "1", "output_ids": [7]}',
+                         json.dumps({"room": body["bootstrap_room"], "output_ids": [1, 2]}).encode(),
+                         json.dumps({"room": body["bootstrap_room"] ^ 1, "output_ids": [7]}).encode()):
+                sock.sendto(junk, (host, int(port)))
+        _send_token(body, 5)  # not the token decode will have
+
+    p = Fake([[7], [7]], delay_s=0.5, on_body=stray_then_wrong)
+    d = Fake([[7], [7, 8]], delay_s=0.3)
+    router = FirstTokenRouter([Prefill(p.url, "10.1.2.3", 8998)], [d.url]).start()
+    try:
+        res = H.generate(router.url, [1, 2, 3], 2)
+        stats = dict(router.stats)
+    finally:
+        router.stop()
+        p.close()
+        d.close()
+    assert res.error == "{'message': \"decode's first token 7 is not prefill's 5\"}"
+    assert (stats["stray_datagrams"], stats["first_direct"], stats["mismatches"]) == (4, 1, 1)
+
+
+def test_a_router_on_a_wildcard_address_names_no_token_socket_unless_told_one():
+    from pdc.serving.sglang_router import token_host_for
+
+    assert [token_host_for(h, t) for h, t in (("0.0.0.0", None), ("::", None), ("", None),
+                                              ("0.0.0.0", "10.0.0.5"), ("127.0.0.1", None))] \
+        == [None, None, None, "10.0.0.5", "127.0.0.1"]
+    p, d = Fake([[7], [7]]), Fake([[7], [7, 8]])
+    router = FirstTokenRouter([Prefill(p.url, "10.1.2.3", 8998)], [d.url])
+    try:
+        router.token_address = None  # as on a wildcard address
+        _, to_prefill, _, _ = router.bodies({"stream": True, "sampling_params": {}})
+        assert to_prefill["sampling_params"]["custom_params"] == {"pdc_first_token": True}
+    finally:
+        router.start().stop()
+        p.close()
+        d.close()
+
+
+class _Tokenizer:
+    """Decodes token t as chr(ord('a') + t), SGLang-style keywords accepted."""
+
+    def decode(self, ids, skip_special_tokens=True, spaces_between_special_tokens=True):
+        return "".join(chr(ord("a") + t) for t in ids)
+
+
+def _direct_req(to, room=41):
+    req = _req({"pdc_first_token": True, "pdc_first_token_to": to}, out=(3,))
+    req.bootstrap_room, req.rid = room, "rid-1"
+    req.origin_input_ids = req.origin_input_ids_unpadded = [0, 1, 2, 4, 5, 6, 7]
+    req.sampling_params.skip_special_tokens = True
+    return req
+
+
+def test_the_hook_sends_the_first_token_straight_to_the_router_and_not_again():
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.settimeout(5)
+        streamed = []
+        sched = SimpleNamespace(transfer_backend=SimpleNamespace(value="pdc"),
+                                tokenizer=_Tokenizer(),
+                                output_streamer=SimpleNamespace(
+                                    stream_output=lambda reqs, lp: streamed.append(reqs)))
+        req = _direct_req(f"127.0.0.1:{sock.getsockname()[1]}")
+        assert FT.before_send_kv_chunk(sched, req, True) is None
+        got = json.loads(sock.recv(65536))
+        FT.after_prefill_result(None, sched, SimpleNamespace(reqs=[req]), None)
+    assert streamed == []  # sent once, straight: never through SGLang's streamer
+    assert got == {"room": 41, "output_ids": [3], "text": "d",
+                   "meta_info": {"id": "rid-1", "finish_reason": None, "prompt_tokens": 7,
+                                 "completion_tokens": 1}}
+    assert FT.first_text(None, req) is None  # a server without a tokenizer: ids only
+
+
+def test_the_hook_streams_the_usual_way_with_the_knob_off_or_a_bad_address():
+    streamed = []
+    sched = SimpleNamespace(transfer_backend=SimpleNamespace(value="pdc"), tokenizer=None,
+                            output_streamer=SimpleNamespace(
+                                stream_output=lambda reqs, lp: streamed.append(reqs)))
+    bad = _direct_req("no-port-here")
+    FT.before_send_kv_chunk(sched, bad, True)
+    assert streamed == [[bad]]
+    knobs.override(sglang_first_token_direct=0)
+    try:
+        off = _direct_req("127.0.0.1:9")
+        FT.before_send_kv_chunk(sched, off, True)
+    finally:
+        knobs.reset()
+    assert streamed == [[bad], [off]]
