@@ -27,7 +27,7 @@ then say where a first token's time goes after the forward.
 Note [First token straight to the router]: SGLang's way out for a streamed token is three
 processes (scheduler -> detokenizer -> the HTTP server's tokenizer manager), then the router;
 on a busy prefill host each is a wake-up on a core shared with the next forwards and with
-pdc's writes of the same request (BENCHMARKS.md (n), a steady load). pdc's router therefore
+pdc's writes of the same request (BENCHMARKS.md (x), a steady load). pdc's router therefore
 names a UDP socket of its own (`pdc_first_token_to`, "HOST:PORT") beside the flag, and the
 hooks send the first token there as one datagram (room, the token id, the text SGLang's
 detokenizer would stream for it, a meta_info with id, finish reason and token counts)
@@ -113,10 +113,11 @@ def send_direct(scheduler, req) -> bool:
             sock.setblocking(False)
         setattr(req, _SENT, True)
         sock.sendto(json.dumps(msg).encode(), (host.strip("[]"), int(port)))
-    except (OSError, ValueError, TypeError, AttributeError):
+    except Exception:  # noqa: BLE001 - a bad address, a full buffer, a tokenizer that fails:
+        # never the scheduler's end; SGLang's own way out serves
         if getattr(req, _SENT, False):
             setattr(req, _SENT, False)
-        return False  # a bad address or a full buffer: SGLang's own way out serves
+        return False
     return True
 
 

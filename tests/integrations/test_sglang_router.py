@@ -433,3 +433,12 @@ def test_the_hook_streams_the_usual_way_with_the_knob_off_or_a_bad_address():
     finally:
         knobs.reset()
     assert streamed == [[bad], [off]]
+
+    class Failing:
+        def decode(self, ids, **kw):
+            raise IndexError("token id out of range")
+
+    sched.tokenizer = Failing()  # a tokenizer's failure never reaches SGLang's scheduler
+    failed = _direct_req("127.0.0.1:9")
+    FT.before_send_kv_chunk(sched, failed, True)
+    assert streamed == [[bad], [off], [failed]]
