@@ -24,6 +24,7 @@ import json
 import os
 import random
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,17 +120,26 @@ class Engine:
         if self.proc.poll() is None and not self.address:
             # Not up yet (another engine failed to start): its socket has no peer, where a
             # send would block for ever, so it is killed instead of asked.
-            self.proc.kill()
-            self.proc.wait(10)
+            self._kill()
         elif self.proc.poll() is None:
             try:
                 self.call({"op": "stop"}, 10)
                 self.proc.wait(20)
             except (DemoError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait(10)
+                self._kill()
         self.sock.close(0)
         self._log.close()
+
+    def _kill(self, wait_s: float = 60.0) -> None:
+        """SIGKILL and reap. A process of several GB on busy cores can take longer than a
+        few seconds to be torn down after SIGKILL (a `--load 2` run once waited over 10 s):
+        past `wait_s` it is named and left to the system rather than ending the demo."""
+        self.proc.kill()
+        try:
+            self.proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            print(f"pdc vllm-demo: the {self.name} engine (pid {self.proc.pid}) had not "
+                  f"exited {wait_s:.0f} s after SIGKILL; left to the system", file=sys.stderr)
 
 
 def make_prompts(n: int, seed: int, vocab: int = 1000) -> list[list[int]]:

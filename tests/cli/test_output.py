@@ -591,3 +591,33 @@ def test_sglang_demo_knob_rows_come_in_both_pdc_flows_with_compare():
         ("one engine", None, "-", {}, ())]
     assert [r[0] for r in backend_rows("mooncake", False, knobs)] == [
         "pdc", "pdc[sglang_first_token_early=0]"]
+
+
+def test_a_vllm_engine_that_outlives_its_sigkill_is_named_not_a_traceback(capsys):
+    # A multi-GB engine on busy cores once took over 10 s to go after SIGKILL; the demo
+    # then ended in a TimeoutExpired traceback. A real child is killed and reaped; one that
+    # stays past the wait (a stand-in) is named and left to the system.
+    import subprocess
+    import sys
+
+    from pdc.serving.vllm_proxy import Engine
+
+    engine = object.__new__(Engine)
+    engine.name, engine.proc = "prefill", subprocess.Popen([sys.executable, "-c",
+                                                            "import time; time.sleep(60)"])
+    engine._kill(wait_s=10)
+    assert engine.proc.returncode == -9 and capsys.readouterr().err == ""
+
+    class Stuck:
+        pid = 4242
+
+        def kill(self):
+            pass
+
+        def wait(self, timeout):
+            raise subprocess.TimeoutExpired("engine", timeout)
+
+    engine.proc = Stuck()
+    engine._kill(wait_s=0.1)
+    assert capsys.readouterr().err == ("pdc vllm-demo: the prefill engine (pid 4242) had not "
+                                       "exited 0 s after SIGKILL; left to the system\n")
