@@ -55,3 +55,23 @@ endpoints_ab() {
     done
   done
 }
+# issue_table TREE ROUND RESERVE_S MOST_S: the issue's table (bench/endpoints_processes.py over
+# cuda_ipc, direct 1K and 8K, staged 8K, 20 requests a case) over TREE: "issue0" runs the tree
+# of the day before the issue (build/gpurun/issue0, ca0c239, with its own bench), else this
+# one; at most MOST_S seconds, skipped when fewer than RESERVE_S + 40 are left; rows printed.
+issue_table() {
+  local t=$(($(left) - $3)); [ $t -gt "$4" ] && t=$4
+  [ $t -lt 40 ] && { echo "table $1-$2 skipped"; return; }
+  if [ "$1" = issue0 ]; then
+    local I=$(shim "$T/build/gpurun/issue0")
+    PYTHONPATH="$I:/tmp/site" timeout $t python3 $T/build/gpurun/issue0/bench/endpoints_processes.py \
+      --engines cuda_ipc --cases tp1-tp1-direct,tp2-tp1-staged --tokens-list 1024,8192 --reps 20 \
+      --json $W/table-$1-$2.json > $W/table-$1-$2.log 2>&1
+  else
+    PYTHONPATH="$AFTER:/tmp/site" timeout $t python3 bench/endpoints_processes.py --engines cuda_ipc \
+      --pairs tp1-tp1-direct:1024,tp1-tp1-direct:8192,tp2-tp1-staged:8192 --reps 20 \
+      --json $W/table-$1-$2.json > $W/table-$1-$2.log 2>&1
+  fi
+  pack "table-$1-$2" $?
+  endpoint_rows "$1-$2" $W/table-$1-$2.log
+}

@@ -43,23 +43,7 @@ done
 # (e) The issue's table: endpoints over cuda_ipc, direct 1K and 8K and staged 8K, the tree of
 # the day the issue was filed (build/gpurun/issue0, ca0c239, with its own bench) and this one,
 # alternating; each run prints its rows as it ends.
-table() {  # table TREE ROUND
-  local t=$(($(left) - 5)); [ $t -gt 110 ] && t=110
-  [ $t -lt 40 ] && { echo "table $1-$2 skipped"; return; }
-  if [ "$1" = issue0 ]; then
-    local I=$(shim "$T/build/gpurun/issue0")
-    PYTHONPATH="$I:/tmp/site" timeout $t python3 $T/build/gpurun/issue0/bench/endpoints_processes.py \
-      --engines cuda_ipc --cases tp1-tp1-direct,tp2-tp1-staged --tokens-list 1024,8192 --reps 20 \
-      --json $W/table-$1-$2.json > $W/table-$1-$2.log 2>&1
-  else
-    PYTHONPATH="$AFTER:/tmp/site" timeout $t python3 bench/endpoints_processes.py --engines cuda_ipc \
-      --pairs tp1-tp1-direct:1024,tp1-tp1-direct:8192,tp2-tp1-staged:8192 --reps 20 \
-      --json $W/table-$1-$2.json > $W/table-$1-$2.log 2>&1
-  fi
-  pack "table-$1-$2" $?
-  endpoint_rows "$1-$2" $W/table-$1-$2.log
-}
-if [ -d "$T/build/gpurun/issue0" ]; then table issue0 1; table after 1; fi
+if [ -d "$T/build/gpurun/issue0" ]; then issue_table issue0 1 5 110; issue_table after 1 5 110; fi
 [ "$QUICK" = 1 ] && { cat $W/steps.txt; exit 0; }
 ring before 2 5; ring after 2 5
 cat $W/steps.txt

@@ -16,23 +16,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/../gpu_call.sh"
   $T/tests/runtime/engines/test_cuda_ipc.py $T/tests/runtime/test_engine_pools.py \
   $T/tests/runtime/test_pinned_graph.py $T/tests/runtime/test_staging_graphs.py) > $W/gpu-tests.txt 2>&1
 pack gpu-tests $?; grep -E "^(FAILED|ERROR)|[0-9]+ passed|[0-9]+ failed|^E " $W/gpu-tests.txt | cut -c1-300 | tail -12
-table() {  # table TREE ROUND
-  local t=$(($(left) - 45)); [ $t -gt 100 ] && t=100
-  [ $t -lt 40 ] && { echo "table $1-$2 skipped"; return; }
-  if [ "$1" = issue0 ]; then
-    local I=$(shim "$T/build/gpurun/issue0")
-    PYTHONPATH="$I:/tmp/site" timeout $t python3 $T/build/gpurun/issue0/bench/endpoints_processes.py \
-      --engines cuda_ipc --cases tp1-tp1-direct,tp2-tp1-staged --tokens-list 1024,8192 --reps 20 \
-      --json $W/table-$1-$2.json > $W/table-$1-$2.log 2>&1
-  else
-    PYTHONPATH="$AFTER:/tmp/site" timeout $t python3 bench/endpoints_processes.py --engines cuda_ipc \
-      --pairs tp1-tp1-direct:1024,tp1-tp1-direct:8192,tp2-tp1-staged:8192 --reps 20 \
-      --json $W/table-$1-$2.json > $W/table-$1-$2.log 2>&1
-  fi
-  pack "table-$1-$2" $?
-  endpoint_rows "$1-$2" $W/table-$1-$2.log
-}
-table issue0 1; table after 1; table issue0 2; table after 2
+issue_table issue0 1 45 100; issue_table after 1 45 100; issue_table issue0 2 45 100; issue_table after 2 45 100
 t=$(($(left) - 3)); [ $t -gt 40 ] && t=40
 PYTHONPATH="$AFTER:/tmp/site" timeout $t python3 bench/staging_host.py --tokens 8192 --reps 30 \
   --modes kernel --profile 10 --json $W/host.json > $W/host.txt 2>&1
