@@ -44,7 +44,7 @@ from pathlib import Path
 from .host_load import busy_text, load_average
 from .knob_rows import folder_name, knob_label
 from .vllm_demo import print_timeline
-from .vllm_proxy import DemoError, Engine, Flow, run_alone, run_pd
+from .vllm_proxy import DemoError, Engine, Flow, run_alone, run_pd, stop_engines
 
 BACKENDS = ("pdc", "pdc-first", "nixl", "mooncake", "alone")
 LABELS = {"nixl": "vLLM NixlConnector", "mooncake": "vLLM MooncakeConnector",
@@ -165,8 +165,7 @@ def run_backend(python: str, work: Path, model: str, family: str, engine_name: s
     except DemoError as e:
         run.errors.append(str(e))
     finally:
-        for e in engines:
-            e.stop()
+        stop_engines(engines)
     return run
 
 

@@ -34,6 +34,7 @@ from .vllm_proxy import (
     make_prompts,
     run_pd,
     run_single,
+    stop_engines,
 )
 
 # Note [Logprob tolerance] (drift.py): a hybrid family's PD run computes the prompt's last
@@ -271,7 +272,6 @@ def run_demo(family: str, engine_name: str, n_prompts: int, max_tokens: int, see
         print(f"pdc vllm-demo: error: {e}", file=sys.stderr)
         return 1
     finally:
-        for e in engines:
-            e.stop()
+        stop_engines(engines)
         if not keep:
             shutil.rmtree(work, ignore_errors=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import time
 
 import pytest
 
@@ -621,3 +622,59 @@ def test_a_vllm_engine_that_outlives_its_sigkill_is_named_not_a_traceback(capsys
     engine._kill(wait_s=0.1)
     assert capsys.readouterr().err == ("pdc vllm-demo: the prefill engine (pid 4242) had not "
                                        "exited 0 s after SIGKILL; left to the system\n")
+
+
+_STOPPABLE = """\
+import os, resource, sys, time
+import zmq
+sock = zmq.Context.instance().socket(zmq.ROUTER)
+port = sock.bind_to_random_port("tcp://127.0.0.1")
+with open(sys.argv[1] + ".port", "w") as f:
+    f.write(f"tcp://127.0.0.1:{port}")
+ident, raw = sock.recv_multipart()
+sock.send_multipart([ident, b'{"ok": true}'])
+with open(sys.argv[1] + ".asked", "w") as f:
+    f.write(str(time.monotonic()))
+time.sleep(0.5)  # a teardown that takes a while, as a vLLM engine's does
+with open(sys.argv[1] + ".gone", "w") as f:
+    f.write(str(time.monotonic()))
+if sys.argv[2] == "crash":
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    os.abort()
+"""
+
+
+def test_vllm_engines_stop_together_and_a_crash_on_the_way_out_is_named(tmp_path, capsys):
+    # Every engine is asked before any is waited for (one after another, a vLLM engine's
+    # 5-6 s exit cost each backend's repetition twice that); one that dies by a signal while
+    # stopping is named with its log.
+    import subprocess
+    import sys
+
+    import zmq
+
+    from pdc.serving.vllm_proxy import Engine, stop_engines
+
+    engines = []
+    for name, how in (("prefill", "clean"), ("decode", "crash")):
+        engine = object.__new__(Engine)
+        engine.name, engine.log_path = name, tmp_path / f"{name}.log"
+        engine._log = open(engine.log_path, "w")  # noqa: SIM115 - closed by stop_engines
+        engine.proc = subprocess.Popen([sys.executable, "-c", _STOPPABLE,
+                                        str(tmp_path / name), how])
+        port_file = tmp_path / f"{name}.port"
+        while not (port_file.exists() and port_file.read_text()):
+            assert engine.proc.poll() is None, f"the stand-in {name} engine did not start"
+            time.sleep(0.05)
+        engine.address = port_file.read_text()
+        engine.sock = zmq.Context.instance().socket(zmq.DEALER)
+        engine.sock.setsockopt(zmq.LINGER, 0)
+        engine.sock.connect(engine.address)
+        engines.append(engine)
+    stop_engines(engines)
+    assert [e.proc.returncode for e in engines] == [0, -6]
+    gone = float((tmp_path / "prefill.gone").read_text())
+    assert float((tmp_path / "decode.asked").read_text()) < gone
+    assert capsys.readouterr().err == (
+        f"pdc vllm-demo: the decode engine (pid {engines[1].proc.pid}) ended by SIGABRT while "
+        f"stopping (log: {tmp_path / 'decode.log'})\n")
