@@ -183,11 +183,12 @@ KNOBS = {k.name: k for k in (
     Knob("sglang_cached_send", 0, "0/1", "1: an SGLang prefill server of the pdc backend "
          "sends the pages that are final before the forward (its radix-cache hit, earlier "
          "chunks) before the forward starts (\"lever B\"; same families)"),
-    Knob("sglang_hold_chunks", 0, "0/1", "1: an SGLang prefill server of the pdc backend keeps "
-         "a chunked request's earlier chunks and sends every page with its last chunk, so the "
-         "transfer does not compute beside the request's later forwards (Note [SGLang held "
-         "chunks]; ignored with sglang_layer_send or sglang_cached_send); 0: each chunk as "
-         "its forward ends"),
+    Knob("sglang_hold_chunks", "auto", "auto/0/1", "1: an SGLang prefill server of the pdc "
+         "backend keeps a chunked request's earlier chunks and sends every page with its last "
+         "chunk, so the transfer does not compute beside the request's later forwards (Note "
+         "[SGLang held chunks]; ignored with sglang_layer_send or sglang_cached_send); 0: "
+         "each chunk as its forward ends; auto: 1 where the KV cache is in host memory (the "
+         "forward computes on the cores the transfer uses), 0 on a GPU"),
     # ~~~ integrity ~~~
     Knob("checksum", 0, "0/1", "1: prefill sends a 64-bit digest of the bytes it wrote on "
          "each link with Success, decode recomputes it over its destination items and fails "

@@ -234,12 +234,23 @@ class SendsAhead:
         here, and the last chunk goes with every kept page (positions from the first kept
         one: the chunks are consecutive); the first token still goes before the transfer
         wakes. The transfer then follows the whole forward, as for an unchunked request.
+        "auto" (the default) holds where the KV cache is in host memory: there the forward
+        computes on the cores the writes use, and each chunk's writes cost the server a
+        batch's fixed work (the transfer worker, the engine's status call that spins while
+        the batch is written). Measured on the 2-core box under a steady load at 4 in flight
+        (BENCHMARKS.md (x)): SGLang's own transfer metric 30-44 -> 9-10 ms a request, TTFT
+        p50 130 -> 88 ms behind SGLang's router. On a GPU the forward does not compute on
+        those cores, and a long prompt's transfer overlaps its later chunks' forwards
+        instead of following them, so "auto" sends each chunk there.
         Per-layer and cached-prefix sends (the knobs sglang_layer_send, sglang_cached_send)
         send pages before SGLang does and are left as they are, and so are families with
         request state beside their pages (hybrid, DSA, SWA: SGLang may free a sliding
         window's pages before the last chunk). Returns None while holding, else the pages to
         send and the first one's position."""
-        if not knobs.get("sglang_hold_chunks") or knobs.get("sglang_layer_send") or \
+        hold = str(knobs.get("sglang_hold_chunks"))
+        if hold == "auto":
+            hold = "0" if self.kv_mgr.family.device else "1"  # on a GPU / in host memory
+        if hold == "0" or knobs.get("sglang_layer_send") or \
                 knobs.get("sglang_cached_send") or \
                 getattr(self.kv_mgr.kv_args, "state_types", None):
             return pages, first

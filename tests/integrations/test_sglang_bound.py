@@ -131,6 +131,9 @@ def served(request, workdir):
     mp = pytest.MonkeyPatch()
     mp.setenv("PDC_SPEC_PATH", workdir)
     mp.setenv("PDC_SPEC_CACHE", f"{workdir}/spec-cache")
+    # Each chunk's pages as its forward ends: a CPU server holds them to the last chunk by
+    # default (Note [SGLang held chunks]), which the other pairs cover.
+    mp.setenv("PDC_SGLANG_HOLD_CHUNKS", "0")
     try:
         plain = H.start_plain(PYTHON, model, workdir, extra_args=args)
         try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 from pdc.integrations.sglang.layerwise import SendsAhead, drain_swapped, eligibility
 
 
@@ -85,9 +86,9 @@ def test_families_with_request_state_or_speculation_keep_the_after_forward_path(
 
 def test_held_chunks_go_with_the_last_one_from_the_first_held_position(monkeypatch):
     """Note [SGLang held chunks]."""
-    kv = _kv()
+    kv = _kv(family=SimpleNamespace(device="cuda:0"))
     kv.kv_mgr.kv_args = SimpleNamespace(state_types=())
-    assert kv.hold([7, 8], 0, False) == ([7, 8], 0)  # the knob off: each chunk as it comes
+    assert kv.hold([7, 8], 0, False) == ([7, 8], 0)  # "auto" on a GPU: each chunk as it comes
     monkeypatch.setenv("PDC_SGLANG_HOLD_CHUNKS", "1")
     assert kv.hold([7, 8], 3, False) is None
     assert kv.hold([9], 5, False) is None
@@ -99,3 +100,21 @@ def test_held_chunks_go_with_the_last_one_from_the_first_held_position(monkeypat
     monkeypatch.delenv("PDC_SGLANG_LAYER_SEND")
     kv.kv_mgr.kv_args = SimpleNamespace(state_types=("swa",))  # a window SGLang may free
     assert kv.hold([7], 0, False) == ([7], 0)
+
+
+def test_held_chunks_by_default_where_the_kv_cache_is_in_host_memory(monkeypatch):
+    """Note [SGLang held chunks]: "auto" holds on a CPU server, not on a GPU; 0 and 1 say so
+    whatever the memory."""
+    monkeypatch.delenv("PDC_SGLANG_HOLD_CHUNKS", raising=False)
+    for device, value, held in (("", None, True), ("cuda:1", None, False), ("", "0", False),
+                                ("cuda:1", "1", True), ("", "auto", True)):
+        if value is not None:
+            monkeypatch.setenv("PDC_SGLANG_HOLD_CHUNKS", value)
+        kv = _kv(family=SimpleNamespace(device=device))
+        kv.kv_mgr.kv_args = SimpleNamespace(state_types=())
+        assert (kv.hold([7, 8], 0, False) is None) == held, (device, value)
+    monkeypatch.setenv("PDC_SGLANG_HOLD_CHUNKS", "2")
+    with pytest.raises(ValueError) as e:
+        _kv(family=SimpleNamespace(device="")).hold([7], 0, False)
+    assert str(e.value) == ("PDC_SGLANG_HOLD_CHUNKS='2' is not one of auto, 0, 1 (default "
+                            "auto)")
