@@ -449,6 +449,7 @@ def test_vllm_compare_knob_rows_are_pdc_backends_with_their_knobs(tmp_path, monk
             pass
 
     monkeypatch.setattr(C, "Engine", FakeEngine)
+    monkeypatch.setattr(C, "stop_engines", lambda engines: [e.stop() for e in engines])
     def fake_run_pd(*a, replies, **k):
         replies["prefill", 0] = {"ttft_s": 0.02}
         replies["decode", 0] = {"ttft_s": 0.025}
@@ -509,6 +510,7 @@ def test_vllm_compare_warm_up_requests_go_first_one_at_a_time_outside_the_figure
         return [[1]] * len(prompts), [0.01] * len(prompts)
 
     monkeypatch.setattr(C, "Engine", FakeEngine)
+    monkeypatch.setattr(C, "stop_engines", lambda engines: [e.stop() for e in engines])
     monkeypatch.setattr(C, "run_pd", fake_run_pd)
     monkeypatch.setattr(C, "run_alone", fake_run_alone)
     run = C.run_backend("python", tmp_path, "model", "fam", "mooncake", "mooncake", 2, [[5]],
