@@ -163,16 +163,16 @@ def stop_engines(engines: list[Engine], exit_s: float = 20.0) -> None:
     orderly exit takes 5-6 s on the 2-core box, which one after another cost a demo's
     backend 11-12 s per repetition); one that does not answer, or has not exited `exit_s`
     after all were asked, is killed."""
-    asked = [e for e in engines if e._ask_stop()]
+    answered = [e._ask_stop() for e in engines]
     deadline = time.monotonic() + exit_s
-    for e in engines:
-        if e not in asked:
-            e._kill()
-            continue
+    for e, ok in zip(engines, answered, strict=True):
         try:
-            e.proc.wait(max(0.0, deadline - time.monotonic()))
+            if ok:
+                e.proc.wait(max(0.0, deadline - time.monotonic()))
+                continue
         except subprocess.TimeoutExpired:
-            e._kill()
+            pass
+        e._kill()
     for e in engines:
         e._close()
 
